@@ -1,0 +1,21 @@
+# Compile options shared by every target the project owns. Generated code
+# (protobuf, gRPC) does not use these: it is not ours to keep warning-free.
+function(kvtier_target_options target)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Werror -Wno-unused-parameter>
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Werror --Werror=all-warnings>)
+endfunction()
+
+# kvtier_test(NAME SOURCES... [LIBS ...] [LABELS ...]): a GoogleTest binary
+# registered with ctest.
+function(kvtier_test name)
+  cmake_parse_arguments(ARG "" "" "SOURCES;LIBS;LABELS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  kvtier_target_options(${name})
+  target_link_libraries(${name} PRIVATE ${ARG_LIBS} GTest::gtest GTest::gmock GTest::gtest_main)
+  add_test(NAME ${name} COMMAND ${name})
+  set_tests_properties(${name} PROPERTIES TIMEOUT 300)
+  if(ARG_LABELS)
+    set_tests_properties(${name} PROPERTIES LABELS "${ARG_LABELS}")
+  endif()
+endfunction()

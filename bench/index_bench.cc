@@ -1,0 +1,334 @@
+// index_bench: the daemon's index and API, in-process and over the socket.
+//
+// Measures, for a 24k-token prefix (1,536 hashes at 16 tokens per page):
+// - in-process: TierCore::Lookup p50/p99 (validation, index, response
+//   building; no transport), Reserve+Commit pages per second, and index
+//   memory per page at 1M pages (PrefixIndex::MemoryBytes and the process's
+//   RSS growth);
+// - over the unix socket, against a real kvtierd it starts: Lookup p50/p99
+//   with 1 and 8 concurrent clients (each its own connection), and
+//   Reserve+Commit pages per second.
+// Prints one JSON object. Never asserts on time: it reports.
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "daemon/prefix_index.h"
+#include "daemon/tier_core.h"
+#include "kvtier/client.h"
+#include "tests/daemon_process.h"
+
+ABSL_FLAG(uint32_t, pages, 1536, "Hashes per lookup (24k tokens at 16/page)");
+ABSL_FLAG(double, seconds, 3.0, "Measurement time per configuration");
+ABSL_FLAG(std::string, clients, "1,8", "Concurrent socket clients to try");
+ABSL_FLAG(uint64_t, memory_pages, 1000000, "Pages for the memory figure");
+ABSL_FLAG(uint32_t, prefixes, 64, "Distinct cached prefixes looked up");
+ABSL_FLAG(bool, socket, true, "Run the over-the-socket part");
+
+namespace kvtier::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Percentiles {
+  double p50_us = 0, p99_us = 0, mean_us = 0;
+  size_t ops = 0;
+};
+
+Percentiles Summarize(std::vector<double> us) {
+  Percentiles p;
+  if (us.empty()) return p;
+  std::sort(us.begin(), us.end());
+  p.ops = us.size();
+  p.p50_us = us[us.size() / 2];
+  p.p99_us = us[std::min(us.size() - 1, us.size() * 99 / 100)];
+  double sum = 0;
+  for (double v : us) sum += v;
+  p.mean_us = sum / us.size();
+  return p;
+}
+
+std::string Json(const Percentiles& p) {
+  return absl::StrFormat(
+      R"({"p50_us": %.1f, "p99_us": %.1f, "mean_us": %.1f, "ops": %d})",
+      p.p50_us, p.p99_us, p.mean_us, p.ops);
+}
+
+std::string RandomHashes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::string out(n * 32, '\0');
+  for (size_t i = 0; i < out.size(); i += 8) {
+    const uint64_t v = rng();
+    std::memcpy(&out[i], &v, 8);
+  }
+  return out;
+}
+
+uint64_t RssBytes() {
+  std::ifstream f("/proc/self/statm");
+  uint64_t size = 0, rss = 0;
+  f >> size >> rss;
+  return rss * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+}
+
+std::string Machine() {
+  utsname u{};
+  uname(&u);
+  std::string model = "unknown";
+  std::ifstream cpu("/proc/cpuinfo");
+  for (std::string line; std::getline(cpu, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      model = std::string(absl::StripAsciiWhitespace(
+          line.substr(line.find(':') + 1)));
+      break;
+    }
+  }
+  return absl::StrFormat(R"({"host": "%s", "cpus": %d, "cpu": "%s"})",
+                         u.nodename, std::thread::hardware_concurrency(),
+                         model);
+}
+
+v1::Layout BenchLayout() {
+  v1::Layout l;
+  l.set_model("index-bench");
+  l.set_tokens_per_page(16);
+  l.set_num_layers(1);
+  auto* b = l.add_page_banks();
+  b->set_name("kv");
+  b->set_row_bytes(16);  // The index is measured, not the banks.
+  return l;
+}
+
+// Index memory per page at `pages` pages, in 1,536-page chains.
+std::string MemoryFigure(uint64_t pages) {
+  daemon::IndexConfig c;
+  c.page_rows = pages;
+  const uint64_t rss0 = RssBytes();
+  auto index = daemon::PrefixIndex::Create(c);
+  if (!index.ok()) return "null";
+  const uint32_t chain = 1536;
+  std::vector<daemon::HashKey> keys(chain);
+  std::mt19937_64 rng(1);
+  uint64_t done = 0;
+  while (done < pages) {
+    const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(chain, pages - done));
+    keys.resize(n);
+    for (auto& k : keys) {
+      for (size_t i = 0; i < 32; i += 8) {
+        const uint64_t v = rng();
+        std::memcpy(&k.bytes[i], &v, 8);
+      }
+    }
+    auto rows = (*index)->AllocatePageRows(0, n);
+    if (!rows.ok()) return "null";
+    auto r = (*index)->Commit(0, nullptr, keys, *rows, {});
+    if (!r.ok()) return "null";
+    done += n;
+  }
+  const uint64_t rss1 = RssBytes();
+  return absl::StrFormat(
+      R"({"pages": %d, "index_bytes_per_page": %.1f, "rss_bytes_per_page": %.1f})",
+      pages, static_cast<double>((*index)->MemoryBytes()) / pages,
+      static_cast<double>(rss1 - rss0) / pages);
+}
+
+std::string InProcess(uint32_t pages, double seconds, uint32_t prefixes) {
+  char tmpl[] = "/dev/shm/kvtier-bench-XXXXXX";
+  if (mkdtemp(tmpl) == nullptr) return "null";
+  daemon::TierOptions o;
+  o.segments.shm_dir = tmpl;
+  o.segments.huge_pages = shm::HugePagePolicy::kOff;
+  o.namespace_budget_bytes = 1ull << 34;
+  daemon::TierCore core(o);
+  v1::Hello hello;
+  auto session = core.OpenSession(hello, {});
+  v1::AttachRequest attach;
+  attach.set_session_id(*session);
+  attach.set_namespace_("bench");
+  *attach.mutable_layout() = BenchLayout();
+  const uint64_t rows = uint64_t{pages} * (prefixes + 700);
+  attach.mutable_capacity()->set_page_rows(rows);
+  v1::AttachResponse ar;
+  if (!core.Attach(attach, &ar).ok()) return "null";
+
+  // Commit throughput: fill with `prefixes` chains, then more until ~1M.
+  std::vector<std::string> chains;
+  const uint64_t target_pages = rows - pages;
+  uint64_t committed = 0;
+  const auto c0 = Clock::now();
+  for (uint64_t i = 0; committed + pages <= target_pages; ++i) {
+    v1::ReserveRequest rq;
+    rq.set_session_id(*session);
+    rq.set_namespace_id(ar.namespace_id());
+    rq.set_pages(pages);
+    v1::ReserveResponse rr;
+    if (!core.Reserve(rq, &rr).ok()) break;
+    v1::CommitRequest cq;
+    cq.set_session_id(*session);
+    cq.set_namespace_id(ar.namespace_id());
+    cq.set_reservation_id(rr.reservation_id());
+    std::string h = RandomHashes(pages, i + 1);
+    cq.set_hashes(h);
+    v1::CommitResponse cr;
+    if (!core.Commit(cq, &cr).ok()) break;
+    committed += cr.committed_pages();
+    if (chains.size() < prefixes) chains.push_back(std::move(h));
+  }
+  const double commit_s =
+      std::chrono::duration<double>(Clock::now() - c0).count();
+
+  std::vector<double> lat;
+  std::mt19937 rng(7);
+  const auto end = Clock::now() + std::chrono::duration<double>(seconds);
+  v1::LookupRequest lq;
+  lq.set_session_id(*session);
+  lq.set_namespace_id(ar.namespace_id());
+  while (Clock::now() < end) {
+    lq.set_hashes(chains[rng() % chains.size()]);
+    v1::LookupResponse lr;
+    const auto t0 = Clock::now();
+    (void)core.Lookup(lq, &lr);
+    lat.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0)
+                      .count());
+    if (lr.matched_pages() != pages) return "null";
+  }
+  std::filesystem::remove_all(tmpl);
+  return absl::StrFormat(
+      R"({"lookup": %s, "commit": {"pages": %d, "seconds": %.3f, "pages_per_s": %.0f, "batch_pages": %d}, "index_pages": %d})",
+      Json(Summarize(lat)), committed, commit_s, committed / commit_s, pages,
+      committed);
+}
+
+std::string OverSocket(uint32_t pages, double seconds, uint32_t prefixes,
+                       const std::vector<int>& client_counts) {
+  testing::DaemonProcess daemon;
+  if (!daemon.Start({"--namespace_budget_bytes=17179869184"}).ok()) {
+    return "null";
+  }
+  AttachOptions ao;
+  ao.name = "bench";
+  ao.layout.model = "index-bench";
+  ao.layout.tokens_per_page = 16;
+  ao.layout.num_layers = 1;
+  ao.layout.page_banks = {{"kv", 16, ""}};
+  ao.capacity.page_rows = uint64_t{pages} * (prefixes + 200);
+  auto writer = Client::Connect({.socket = daemon.socket()});
+  if (!writer.ok()) return "null";
+  auto ns = (*writer)->Attach(ao);
+  if (!ns.ok()) return "null";
+
+  std::vector<std::string> chains;
+  uint64_t committed = 0;
+  const auto c0 = Clock::now();
+  for (uint32_t i = 0; i < prefixes + 100; ++i) {
+    auto r = (*ns)->Reserve(pages);
+    if (!r.ok()) break;
+    std::string h = RandomHashes(pages, 1000 + i);
+    auto c = r->Commit("", h);
+    if (!c.ok()) break;
+    committed += c->committed_pages;
+    if (chains.size() < prefixes) chains.push_back(std::move(h));
+  }
+  const double commit_s =
+      std::chrono::duration<double>(Clock::now() - c0).count();
+
+  std::vector<std::string> runs;
+  for (int n : client_counts) {
+    std::vector<std::unique_ptr<Client>> clients;
+    std::vector<std::unique_ptr<Namespace>> spaces;
+    for (int i = 0; i < n; ++i) {
+      auto c = Client::Connect({.socket = daemon.socket()});
+      if (!c.ok()) return "null";
+      auto s = (*c)->Attach(ao);
+      if (!s.ok()) return "null";
+      clients.push_back(*std::move(c));
+      spaces.push_back(*std::move(s));
+    }
+    std::vector<std::vector<double>> lat(n);
+    std::atomic<bool> measuring{false}, stop{false};
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i) {
+      threads.emplace_back([&, i] {
+        std::mt19937 rng(i);
+        while (!stop.load()) {
+          const auto t0 = Clock::now();
+          auto l = spaces[i]->Lookup(chains[rng() % chains.size()], false);
+          const double us =
+              std::chrono::duration<double, std::micro>(Clock::now() - t0)
+                  .count();
+          if (!l.ok() || l->matched_pages() != pages) std::abort();
+          if (measuring.load()) lat[i].push_back(us);
+        }
+      });
+    }
+    absl::SleepFor(absl::Milliseconds(500));  // Warm-up.
+    measuring = true;
+    const auto m0 = Clock::now();
+    absl::SleepFor(absl::Seconds(seconds));
+    measuring = false;
+    const double took = std::chrono::duration<double>(Clock::now() - m0).count();
+    stop = true;
+    for (auto& t : threads) t.join();
+    std::vector<double> all;
+    for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
+    const Percentiles p = Summarize(all);
+    runs.push_back(absl::StrFormat(
+        R"({"clients": %d, "p50_us": %.1f, "p99_us": %.1f, "mean_us": %.1f, "lookups_per_s": %.0f})",
+        n, p.p50_us, p.p99_us, p.mean_us, p.ops / took));
+  }
+  return absl::StrFormat(
+      R"({"lookup": [%s], "commit": {"pages": %d, "seconds": %.3f, "pages_per_s": %.0f, "batch_pages": %d}})",
+      absl::StrJoin(runs, ", "), committed, commit_s, committed / commit_s,
+      pages);
+}
+
+int Main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const uint32_t pages = absl::GetFlag(FLAGS_pages);
+  const double seconds = absl::GetFlag(FLAGS_seconds);
+  std::vector<int> counts;
+  for (absl::string_view s :
+       absl::StrSplit(absl::GetFlag(FLAGS_clients), ',', absl::SkipEmpty())) {
+    int v = 0;
+    if (absl::SimpleAtoi(s, &v) && v > 0) counts.push_back(v);
+  }
+  const std::string memory = MemoryFigure(absl::GetFlag(FLAGS_memory_pages));
+  const std::string in_process =
+      InProcess(pages, seconds, absl::GetFlag(FLAGS_prefixes));
+  const std::string socket =
+      absl::GetFlag(FLAGS_socket)
+          ? OverSocket(pages, seconds, absl::GetFlag(FLAGS_prefixes), counts)
+          : "null";
+  std::printf(
+      "{\"benchmark\": \"index_bench\", \"date\": \"%s\", \"machine\": %s, "
+      "\"lookup_pages\": %u,\n \"memory\": %s,\n \"in_process\": %s,\n "
+      "\"socket\": %s}\n",
+      absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone())
+          .c_str(),
+      Machine().c_str(), pages, memory.c_str(), in_process.c_str(),
+      socket.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvtier::bench
+
+int main(int argc, char** argv) { return kvtier::bench::Main(argc, argv); }

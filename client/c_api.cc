@@ -1,0 +1,452 @@
+// libkvtier's C ABI over the C++ API: argument checks, status codes and a
+// thread-local last-error string. Nothing here throws across the boundary.
+#include <chrono>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "client/transfer_engine.h"
+#include "kvtier/client.h"
+#include "kvtier/kvtier.h"
+
+struct kvt_client {
+  std::unique_ptr<kvtier::Client> client;
+};
+struct kvt_namespace {
+  std::unique_ptr<kvtier::Namespace> ns;
+};
+struct kvt_lease {
+  kvtier::Lease lease;
+};
+struct kvt_reservation {
+  kvtier::Reservation reservation;
+};
+struct kvt_pending_commit {
+  std::future<absl::StatusOr<kvtier::CommitResult>> future;
+};
+struct kvt_transfer {
+  std::unique_ptr<kvtier::client::TransferEngine> engine;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+kvt_status Set(const absl::Status& s) {
+  if (s.ok()) {
+    last_error.clear();
+    return KVT_OK;
+  }
+  last_error = s.ToString();
+  return static_cast<kvt_status>(s.code());
+}
+
+kvt_status Invalid(absl::string_view what) {
+  return Set(absl::InvalidArgumentError(what));
+}
+
+#define KVT_REQUIRE(cond, msg) \
+  do {                         \
+    if (!(cond)) return Invalid(msg); \
+  } while (0)
+
+void Fill(kvt_commit_result* out, const kvtier::CommitResult& r) {
+  if (out == nullptr) return;
+  out->committed_pages = r.committed_pages;
+  out->deduplicated_pages = r.deduplicated_pages;
+  out->committed_snapshots = r.committed_snapshots;
+  out->deduplicated_snapshots = r.deduplicated_snapshots;
+}
+
+void Fill(kvt_bank_info* out, const kvtier::BankMapping& b) {
+  out->name = b.name.c_str();
+  out->base = b.base;
+  out->rows = b.rows;
+  out->row_bytes = b.row_bytes;
+  out->row_stride = b.row_stride;
+  out->cuda_registered = b.cuda_registered;
+  out->huge_pages = b.huge_pages;
+}
+
+absl::StatusOr<std::vector<kvtier::SnapshotPlacement>> Placements(
+    const kvt_snapshot_placement* snaps, size_t n, uint32_t hash_bytes) {
+  std::vector<kvtier::SnapshotPlacement> out;
+  if (n > 0 && snaps == nullptr) {
+    return absl::InvalidArgumentError("snaps: NULL with num_snaps > 0");
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (snaps[i].hash == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("snaps[", i, "].hash: NULL"));
+    }
+    out.push_back({snaps[i].index,
+                   std::string(reinterpret_cast<const char*>(snaps[i].hash),
+                               hash_bytes)});
+  }
+  return out;
+}
+
+std::string_view Bytes(const uint8_t* p, size_t n) {
+  return p == nullptr ? std::string_view()
+                      : std::string_view(reinterpret_cast<const char*>(p), n);
+}
+
+}  // namespace
+
+// libkvtier.so is built with hidden visibility; the C ABI is its face.
+#pragma GCC visibility push(default)
+extern "C" {
+
+const char* kvt_last_error(void) { return last_error.c_str(); }
+const char* kvt_version(void) { return KVTIER_VERSION; }
+
+kvt_status kvt_connect(const char* socket, const char* client_name,
+                       uint32_t timeout_ms, kvt_client** out) {
+  KVT_REQUIRE(out != nullptr, "out: NULL");
+  kvtier::ConnectOptions o;
+  if (socket != nullptr) o.socket = socket;
+  if (client_name != nullptr) o.client_name = client_name;
+  o.timeout = absl::Milliseconds(timeout_ms == 0 ? 5000 : timeout_ms);
+  auto c = kvtier::Client::Connect(o);
+  if (!c.ok()) return Set(c.status());
+  *out = new kvt_client{*std::move(c)};
+  return Set(absl::OkStatus());
+}
+
+void kvt_client_close(kvt_client* client) { delete client; }
+
+uint64_t kvt_session_id(const kvt_client* client) {
+  return client == nullptr ? 0 : client->client->session_id();
+}
+
+int32_t kvt_session_alive(const kvt_client* client) {
+  return client != nullptr && client->client->session_alive();
+}
+
+kvt_status kvt_drop(kvt_client* client, const char* name, const uint8_t* hash,
+                    size_t hash_len, int32_t force) {
+  KVT_REQUIRE(client != nullptr, "client: NULL");
+  KVT_REQUIRE(name != nullptr, "name: NULL");
+  auto r = client->client->Drop(name, Bytes(hash, hash_len), force != 0);
+  return Set(r.status());
+}
+
+kvt_status kvt_attach(kvt_client* client, const kvt_attach_options* options,
+                      kvt_namespace** out) {
+  KVT_REQUIRE(client != nullptr, "client: NULL");
+  KVT_REQUIRE(options != nullptr, "options: NULL");
+  KVT_REQUIRE(out != nullptr, "out: NULL");
+  KVT_REQUIRE(options->name != nullptr, "options.name: NULL");
+  KVT_REQUIRE(options->layout != nullptr, "options.layout: NULL");
+  const kvt_layout& l = *options->layout;
+  KVT_REQUIRE(l.num_page_banks == 0 || l.page_banks != nullptr,
+              "options.layout.page_banks: NULL with num_page_banks > 0");
+  kvtier::AttachOptions o;
+  o.name = options->name;
+  o.layout.model = l.model == nullptr ? "" : l.model;
+  o.layout.tokens_per_page = l.tokens_per_page;
+  o.layout.num_layers = l.num_layers;
+  for (uint32_t i = 0; i < l.num_page_banks; ++i) {
+    const kvt_bank_layout& b = l.page_banks[i];
+    if (b.name == nullptr) {
+      return Invalid(absl::StrCat("options.layout.page_banks[", i,
+                                  "].name: NULL"));
+    }
+    o.layout.page_banks.push_back(
+        {b.name, b.row_bytes, b.dtype == nullptr ? "" : b.dtype});
+  }
+  o.layout.snapshot_row_bytes = l.snapshot_row_bytes;
+  o.layout.tp_size = l.tp_size == 0 ? 1 : l.tp_size;
+  o.layout.replicated = l.replicated != 0;
+  KVT_REQUIRE(l.hash_kind == 0 || l.hash_kind == KVT_HASH_SHA256 ||
+                  l.hash_kind == KVT_HASH_XXH3_128,
+              "options.layout.hash_kind: unknown value");
+  o.layout.hash_kind = l.hash_kind == KVT_HASH_XXH3_128
+                           ? kvtier::HashKind::kXxh3_128
+                           : kvtier::HashKind::kSha256;
+  o.tp_rank = options->tp_rank;
+  o.capacity.page_rows = options->page_rows;
+  o.capacity.snapshot_rows = options->snapshot_rows;
+  o.capacity.max_replay_tokens = options->max_replay_tokens;
+  KVT_REQUIRE(options->tenant_salt_len == 0 || options->tenant_salt != nullptr,
+              "options.tenant_salt: NULL with tenant_salt_len > 0");
+  o.tenant_salt = std::string(static_cast<const char*>(options->tenant_salt),
+                              options->tenant_salt_len);
+  o.register_with_cuda = options->register_with_cuda != 0;
+  auto ns = client->client->Attach(o);
+  if (!ns.ok()) return Set(ns.status());
+  *out = new kvt_namespace{*std::move(ns)};
+  return Set(absl::OkStatus());
+}
+
+void kvt_namespace_close(kvt_namespace* ns) { delete ns; }
+
+uint64_t kvt_namespace_id(const kvt_namespace* ns) {
+  return ns == nullptr ? 0 : ns->ns->id();
+}
+
+uint32_t kvt_hash_bytes(const kvt_namespace* ns) {
+  return ns == nullptr ? 0 : ns->ns->hasher().hash_bytes();
+}
+
+uint32_t kvt_num_page_banks(const kvt_namespace* ns) {
+  return ns == nullptr ? 0 : static_cast<uint32_t>(ns->ns->page_banks().size());
+}
+
+kvt_status kvt_page_bank(const kvt_namespace* ns, uint32_t index,
+                         kvt_bank_info* out) {
+  KVT_REQUIRE(ns != nullptr, "ns: NULL");
+  KVT_REQUIRE(out != nullptr, "out: NULL");
+  if (index >= ns->ns->page_banks().size()) {
+    return Set(absl::OutOfRangeError(
+        absl::StrCat("index: ", index, " is not below ",
+                     ns->ns->page_banks().size(), " page banks")));
+  }
+  Fill(out, ns->ns->page_banks()[index]);
+  return Set(absl::OkStatus());
+}
+
+kvt_status kvt_snapshot_bank(const kvt_namespace* ns, kvt_bank_info* out) {
+  KVT_REQUIRE(ns != nullptr, "ns: NULL");
+  KVT_REQUIRE(out != nullptr, "out: NULL");
+  const kvtier::BankMapping* b = ns->ns->snapshot_bank();
+  if (b == nullptr) {
+    return Set(absl::NotFoundError("the namespace has no snapshot bank"));
+  }
+  Fill(out, *b);
+  return Set(absl::OkStatus());
+}
+
+kvt_status kvt_hash_tokens(const kvt_namespace* ns, const int32_t* tokens,
+                           size_t num_tokens, const uint8_t* parent,
+                           size_t parent_len, const uint8_t* extra_key,
+                           size_t extra_key_len, uint8_t* out, size_t out_cap,
+                           size_t* num_hashes) {
+  KVT_REQUIRE(ns != nullptr, "ns: NULL");
+  KVT_REQUIRE(tokens != nullptr || num_tokens == 0, "tokens: NULL");
+  KVT_REQUIRE(num_hashes != nullptr, "num_hashes: NULL");
+  const kvtier::BlockHasher& h = ns->ns->hasher();
+  absl::Span<const int32_t> span(tokens, num_tokens);
+  std::string hashes;
+  if (parent != nullptr) {
+    auto r = h.HashChainFrom(Bytes(parent, parent_len), span,
+                             Bytes(extra_key, extra_key_len));
+    if (!r.ok()) return Set(r.status());
+    hashes = *std::move(r);
+  } else {
+    hashes = h.HashChain(span, Bytes(extra_key, extra_key_len));
+  }
+  if (hashes.size() > out_cap || (out == nullptr && !hashes.empty())) {
+    return Set(absl::OutOfRangeError(absl::StrCat(
+        "out_cap: ", out_cap, " bytes, need ", hashes.size())));
+  }
+  if (!hashes.empty()) std::memcpy(out, hashes.data(), hashes.size());
+  *num_hashes = hashes.size() / h.hash_bytes();
+  return Set(absl::OkStatus());
+}
+
+kvt_status kvt_lookup(kvt_namespace* ns, const uint8_t* hashes,
+                      size_t num_hashes, int32_t pin, kvt_lease** out) {
+  KVT_REQUIRE(ns != nullptr, "ns: NULL");
+  KVT_REQUIRE(out != nullptr, "out: NULL");
+  KVT_REQUIRE(hashes != nullptr || num_hashes == 0, "hashes: NULL");
+  auto lease = ns->ns->Lookup(
+      Bytes(hashes, num_hashes * ns->ns->hasher().hash_bytes()), pin != 0);
+  if (!lease.ok()) return Set(lease.status());
+  *out = new kvt_lease{*std::move(lease)};
+  return Set(absl::OkStatus());
+}
+
+uint32_t kvt_lease_matched_pages(const kvt_lease* l) {
+  return l == nullptr ? 0 : l->lease.matched_pages();
+}
+uint32_t kvt_lease_usable_pages(const kvt_lease* l) {
+  return l == nullptr ? 0 : l->lease.usable_pages();
+}
+const uint32_t* kvt_lease_rows(const kvt_lease* l) {
+  return l == nullptr ? nullptr : l->lease.rows().data();
+}
+int32_t kvt_lease_has_snapshot(const kvt_lease* l) {
+  return l != nullptr && l->lease.has_snapshot();
+}
+uint32_t kvt_lease_snapshot_row(const kvt_lease* l) {
+  return l == nullptr ? 0 : l->lease.snapshot_row();
+}
+
+kvt_status kvt_lease_release(kvt_lease* lease, void* stream) {
+  KVT_REQUIRE(lease != nullptr, "lease: NULL");
+  absl::Status s;
+  if (stream != nullptr) {
+    lease->lease.ReleaseAfter(stream);
+  } else {
+    s = lease->lease.Release();
+  }
+  delete lease;
+  return Set(s);
+}
+
+kvt_status kvt_reserve(kvt_namespace* ns, uint32_t pages, uint32_t snapshots,
+                       kvt_reservation** out) {
+  KVT_REQUIRE(ns != nullptr, "ns: NULL");
+  KVT_REQUIRE(out != nullptr, "out: NULL");
+  auto r = ns->ns->Reserve(pages, snapshots);
+  if (!r.ok()) return Set(r.status());
+  *out = new kvt_reservation{*std::move(r)};
+  return Set(absl::OkStatus());
+}
+
+uint64_t kvt_reservation_id(const kvt_reservation* r) {
+  return r == nullptr ? 0 : r->reservation.id();
+}
+uint32_t kvt_reservation_num_page_rows(const kvt_reservation* r) {
+  return r == nullptr ? 0 : r->reservation.page_rows().size();
+}
+const uint32_t* kvt_reservation_page_rows(const kvt_reservation* r) {
+  return r == nullptr ? nullptr : r->reservation.page_rows().data();
+}
+uint32_t kvt_reservation_num_snapshot_rows(const kvt_reservation* r) {
+  return r == nullptr ? 0 : r->reservation.snapshot_rows().size();
+}
+const uint32_t* kvt_reservation_snapshot_rows(const kvt_reservation* r) {
+  return r == nullptr ? nullptr : r->reservation.snapshot_rows().data();
+}
+
+kvt_status kvt_commit(kvt_reservation* r, const uint8_t* parent,
+                      size_t parent_len, const uint8_t* hashes,
+                      size_t num_hashes, const kvt_snapshot_placement* snaps,
+                      size_t num_snaps, kvt_commit_result* result) {
+  KVT_REQUIRE(r != nullptr, "reservation: NULL");
+  KVT_REQUIRE(hashes != nullptr || num_hashes == 0, "hashes: NULL");
+  const size_t hash_bytes = r->reservation.hash_bytes();
+  auto placements = Placements(snaps, num_snaps, r->reservation.hash_bytes());
+  if (!placements.ok()) return Set(placements.status());
+  auto c = r->reservation.Commit(Bytes(parent, parent_len),
+                                 Bytes(hashes, num_hashes * hash_bytes),
+                                 *placements);
+  if (!c.ok()) return Set(c.status());
+  Fill(result, *c);
+  delete r;
+  return Set(absl::OkStatus());
+}
+
+kvt_status kvt_commit_after(kvt_reservation* r, void* stream,
+                            const uint8_t* parent, size_t parent_len,
+                            const uint8_t* hashes, size_t num_hashes,
+                            const kvt_snapshot_placement* snaps,
+                            size_t num_snaps, kvt_pending_commit** out) {
+  KVT_REQUIRE(r != nullptr, "reservation: NULL");
+  KVT_REQUIRE(out != nullptr, "out: NULL");
+  KVT_REQUIRE(hashes != nullptr || num_hashes == 0, "hashes: NULL");
+  const uint32_t hash_bytes = r->reservation.hash_bytes();
+  auto placements = Placements(snaps, num_snaps, hash_bytes);
+  if (!placements.ok()) return Set(placements.status());
+  auto future = r->reservation.CommitAfter(
+      stream, std::string(Bytes(parent, parent_len)),
+      std::string(Bytes(hashes, num_hashes * hash_bytes)),
+      *std::move(placements));
+  delete r;
+  *out = new kvt_pending_commit{std::move(future)};
+  return Set(absl::OkStatus());
+}
+
+kvt_status kvt_pending_wait(kvt_pending_commit* p, uint32_t timeout_ms,
+                            kvt_commit_result* result) {
+  KVT_REQUIRE(p != nullptr, "pending: NULL");
+  if (timeout_ms != 0 &&
+      p->future.wait_for(std::chrono::milliseconds(timeout_ms)) !=
+          std::future_status::ready) {
+    return Set(absl::DeadlineExceededError("commit still pending"));
+  }
+  absl::StatusOr<kvtier::CommitResult> r = p->future.get();
+  delete p;
+  if (!r.ok()) return Set(r.status());
+  Fill(result, *r);
+  return Set(absl::OkStatus());
+}
+
+kvt_status kvt_abort(kvt_reservation* r) {
+  KVT_REQUIRE(r != nullptr, "reservation: NULL");
+  absl::Status s = r->reservation.Abort();
+  delete r;
+  return Set(s);
+}
+
+kvt_status kvt_transfer_create(const kvt_namespace* ns, int32_t backend,
+                               const kvt_pool* pool, uint32_t max_ctas,
+                               kvt_transfer** out) {
+  KVT_REQUIRE(ns != nullptr, "ns: NULL");
+  KVT_REQUIRE(pool != nullptr, "pool: NULL");
+  KVT_REQUIRE(out != nullptr, "out: NULL");
+  KVT_REQUIRE(backend == KVT_BACKEND_CUDA || backend == KVT_BACKEND_REFERENCE,
+              "backend: unknown value");
+  KVT_REQUIRE(pool->num_banks == 0 || pool->banks != nullptr,
+              "pool.banks: NULL with num_banks > 0");
+  KVT_REQUIRE(pool->num_snapshot_tensors == 0 || pool->snapshot != nullptr,
+              "pool.snapshot: NULL with num_snapshot_tensors > 0");
+  kvtier::GpuPoolDescriptor d;
+  d.device = pool->device;
+  d.num_pages = pool->num_pages;
+  for (uint32_t i = 0; i < pool->num_banks; ++i) {
+    const kvt_bank_pool& b = pool->banks[i];
+    if (b.bank == nullptr) {
+      return Invalid(absl::StrCat("pool.banks[", i, "].bank: NULL"));
+    }
+    if (b.num_tensors > 0 && b.tensors == nullptr) {
+      return Invalid(absl::StrCat("pool.banks[", i, "].tensors: NULL"));
+    }
+    kvtier::BankPool bp;
+    bp.bank = b.bank;
+    for (uint32_t t = 0; t < b.num_tensors; ++t) {
+      bp.tensors.push_back({b.tensors[t].base, b.tensors[t].page_stride,
+                            b.tensors[t].bytes_per_page});
+    }
+    d.banks.push_back(std::move(bp));
+  }
+  for (uint32_t t = 0; t < pool->num_snapshot_tensors; ++t) {
+    d.snapshot.push_back({pool->snapshot[t].base, pool->snapshot[t].page_stride,
+                          pool->snapshot[t].bytes_per_page});
+  }
+  d.num_snapshot_slots = pool->num_snapshot_slots;
+  auto engine = ns->ns->CreateTransferEngine(
+      backend == KVT_BACKEND_CUDA ? kvtier::client::Backend::kCuda
+                                  : kvtier::client::Backend::kReference,
+      d, max_ctas);
+  if (!engine.ok()) return Set(engine.status());
+  *out = new kvt_transfer{*std::move(engine)};
+  return Set(absl::OkStatus());
+}
+
+void kvt_transfer_free(kvt_transfer* t) { delete t; }
+
+kvt_status kvt_evict(kvt_transfer* t, const uint32_t* gpu_pages,
+                     const uint32_t* rows, size_t n, void* stream) {
+  KVT_REQUIRE(t != nullptr, "transfer: NULL");
+  KVT_REQUIRE(n == 0 || (gpu_pages != nullptr && rows != nullptr),
+              "gpu_pages, rows: NULL with n > 0");
+  return Set(t->engine->Evict(absl::MakeConstSpan(gpu_pages, n),
+                              absl::MakeConstSpan(rows, n), stream));
+}
+
+kvt_status kvt_rehydrate(kvt_transfer* t, const uint32_t* gpu_pages,
+                         const uint32_t* rows, size_t n, void* stream) {
+  KVT_REQUIRE(t != nullptr, "transfer: NULL");
+  KVT_REQUIRE(n == 0 || (gpu_pages != nullptr && rows != nullptr),
+              "gpu_pages, rows: NULL with n > 0");
+  return Set(t->engine->Rehydrate(absl::MakeConstSpan(gpu_pages, n),
+                                  absl::MakeConstSpan(rows, n), stream));
+}
+
+kvt_status kvt_snapshot_save(kvt_transfer* t, uint32_t slot, uint32_t row,
+                             void* stream) {
+  KVT_REQUIRE(t != nullptr, "transfer: NULL");
+  return Set(t->engine->SaveSnapshot(slot, row, stream));
+}
+
+kvt_status kvt_snapshot_restore(kvt_transfer* t, uint32_t slot, uint32_t row,
+                                void* stream) {
+  KVT_REQUIRE(t != nullptr, "transfer: NULL");
+  return Set(t->engine->RestoreSnapshot(slot, row, stream));
+}
+
+}  // extern "C"
+#pragma GCC visibility pop

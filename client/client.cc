@@ -1,0 +1,600 @@
+// libkvtier's C++ API: the gRPC client, the session stream, bank mapping and
+// the RAII leases and reservations.
+#include "kvtier/client.h"
+
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <deque>
+#include <functional>
+#include <thread>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/cuda_host.h"
+#include "client/transfer_engine.h"
+#include "common/default_socket.h"
+#include "grpcpp/channel.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "kvtier/v1/tier.grpc.pb.h"
+#include "shm/segment.h"
+
+namespace kvtier {
+namespace client {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
+  if (s.ok()) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(what, ": ", s.error_message()));
+}
+
+}  // namespace
+
+// Runs deferred RPCs (CommitAfter, ReleaseAfter) off the engine's threads.
+class Worker {
+ public:
+  Worker() : thread_([this] { Run(); }) {}
+  ~Worker() {
+    {
+      absl::MutexLock lock(&mu_);
+      stop_ = true;
+    }
+    if (thread_.get_id() == std::this_thread::get_id()) {
+      thread_.detach();  // The last reference died inside a task.
+    } else {
+      thread_.join();
+    }
+  }
+  void Post(std::function<void()> task) {
+    absl::MutexLock lock(&mu_);
+    tasks_.push_back(std::move(task));
+  }
+
+ private:
+  void Run() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        absl::MutexLock lock(&mu_);
+        mu_.Await(absl::Condition(
+            +[](Worker* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) {
+              return w->stop_ || !w->tasks_.empty();
+            },
+            this));
+        if (tasks_.empty()) return;
+        task = std::move(tasks_.front());
+        tasks_.pop_front();
+      }
+      task();
+    }
+  }
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;
+};
+
+struct Connection {
+  std::string socket;
+  absl::Duration timeout;
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::TierService::Stub> stub;
+  uint64_t session_id = 0;
+  grpc::ClientContext session_context;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>>
+      session;
+  std::thread session_reader;
+  std::atomic<bool> alive{false};
+  std::unique_ptr<Worker> worker = std::make_unique<Worker>();
+
+  void Deadline(grpc::ClientContext* ctx) const {
+    ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  }
+
+  ~Connection() {
+    worker.reset();  // Runs what is queued first (commits, releases).
+    if (session != nullptr) {
+      session_context.TryCancel();
+      if (session_reader.joinable()) session_reader.join();
+    }
+  }
+};
+
+struct NamespaceState {
+  std::shared_ptr<Connection> conn;
+  uint64_t id = 0;
+  std::string name;
+  Layout layout;
+  uint32_t tp_rank = 0;
+  bool created = false;
+  std::optional<BlockHasher> hasher;
+  std::vector<std::unique_ptr<shm::Segment>> segments;  // Banks, then snapshot.
+  std::vector<BankMapping> page_banks;
+  std::optional<BankMapping> snapshot_bank;
+  bool registered = false;
+  double map_seconds = 0;
+  double register_seconds = 0;
+
+  ~NamespaceState() {
+    if (registered) {
+      for (const auto& seg : segments) {
+        UnregisterHostRange(seg->base(), seg->file_bytes());
+      }
+    }
+  }
+
+  template <typename Req>
+  void Fill(Req* req) const {
+    req->set_api_version(1);
+    req->set_session_id(conn->session_id);
+    req->set_namespace_id(id);
+  }
+
+  absl::Status ReleaseLease(uint64_t lease_id) {
+    v1::ReleaseRequest req;
+    Fill(&req);
+    req.set_lease_id(lease_id);
+    v1::ReleaseResponse resp;
+    grpc::ClientContext ctx;
+    conn->Deadline(&ctx);
+    return FromGrpc(conn->stub->Release(&ctx, req, &resp), "Release");
+  }
+
+  absl::Status AbortReservation(uint64_t reservation_id) {
+    v1::AbortRequest req;
+    Fill(&req);
+    req.set_reservation_id(reservation_id);
+    v1::AbortResponse resp;
+    grpc::ClientContext ctx;
+    conn->Deadline(&ctx);
+    return FromGrpc(conn->stub->Abort(&ctx, req, &resp), "Abort");
+  }
+
+  absl::StatusOr<CommitResult> CommitReservation(
+      uint64_t reservation_id, std::string_view parent,
+      std::string_view hashes, const std::vector<SnapshotPlacement>& snaps) {
+    v1::CommitRequest req;
+    Fill(&req);
+    req.set_reservation_id(reservation_id);
+    req.set_parent_hash(std::string(parent));
+    req.set_hashes(std::string(hashes));
+    for (const auto& s : snaps) {
+      auto* p = req.add_snapshots();
+      p->set_index(s.index);
+      p->set_hash(s.hash);
+    }
+    v1::CommitResponse resp;
+    grpc::ClientContext ctx;
+    conn->Deadline(&ctx);
+    if (absl::Status s =
+            FromGrpc(conn->stub->Commit(&ctx, req, &resp), "Commit");
+        !s.ok()) {
+      return s;
+    }
+    return CommitResult{resp.committed_pages(), resp.deduplicated_pages(),
+                        resp.committed_snapshots(),
+                        resp.deduplicated_snapshots()};
+  }
+
+  // Runs task(OkStatus()) on the worker once `stream`'s queued work has
+  // finished; at once (on the worker) when there is no stream or no device.
+  // When the callback cannot be queued behind the stream, runs task(error)
+  // instead: the task must then not make rows visible or unpin them.
+  void After(void* stream, std::function<void(absl::Status)> task) {
+    if (stream == nullptr || !CudaDevicePresent()) {
+      conn->worker->Post([t = std::move(task)] { t(absl::OkStatus()); });
+      return;
+    }
+    struct Hop {
+      std::shared_ptr<Connection> conn;
+      std::function<void(absl::Status)> task;
+    };
+    auto* hop = new Hop{conn, std::move(task)};
+    absl::Status s = LaunchHostCallback(
+        stream,
+        +[](void* arg) {
+          auto* h = static_cast<Hop*>(arg);
+          h->conn->worker->Post(
+              [t = std::move(h->task)] { t(absl::OkStatus()); });
+          delete h;
+        },
+        hop);
+    if (!s.ok()) {
+      conn->worker->Post([t = std::move(hop->task), s] { t(s); });
+      delete hop;
+    }
+  }
+};
+
+}  // namespace client
+
+using client::Connection;
+using client::NamespaceState;
+
+// ------------------------------------------------------------------ Lease --
+
+Lease::Lease(Lease&& o) noexcept { *this = std::move(o); }
+
+Lease& Lease::operator=(Lease&& o) noexcept {
+  if (this != &o) {
+    if (lease_id_ != 0) (void)Release();
+    ns_ = std::move(o.ns_);
+    lease_id_ = std::exchange(o.lease_id_, 0);
+    matched_pages_ = o.matched_pages_;
+    usable_pages_ = o.usable_pages_;
+    rows_ = std::move(o.rows_);
+    has_snapshot_ = o.has_snapshot_;
+    snapshot_row_ = o.snapshot_row_;
+  }
+  return *this;
+}
+
+Lease::~Lease() {
+  if (lease_id_ != 0) (void)Release();
+}
+
+absl::Status Lease::Release() {
+  if (lease_id_ == 0) return absl::OkStatus();
+  const uint64_t id = std::exchange(lease_id_, 0);
+  return ns_->ReleaseLease(id);
+}
+
+void Lease::ReleaseAfter(void* stream) {
+  if (lease_id_ == 0) return;
+  const uint64_t id = std::exchange(lease_id_, 0);
+  auto ns = ns_;
+  // If the callback cannot be queued, the pin is kept (the session's end
+  // releases it): unpinning rows a copy may still read would be worse.
+  ns->After(stream, [ns, id](absl::Status queued) {
+    if (queued.ok()) (void)ns->ReleaseLease(id);
+  });
+}
+
+// ------------------------------------------------------------ Reservation --
+
+Reservation::Reservation(Reservation&& o) noexcept { *this = std::move(o); }
+
+Reservation& Reservation::operator=(Reservation&& o) noexcept {
+  if (this != &o) {
+    if (id_ != 0) (void)Abort();
+    ns_ = std::move(o.ns_);
+    id_ = std::exchange(o.id_, 0);
+    page_rows_ = std::move(o.page_rows_);
+    snapshot_rows_ = std::move(o.snapshot_rows_);
+  }
+  return *this;
+}
+
+Reservation::~Reservation() {
+  if (id_ != 0) (void)Abort();
+}
+
+absl::StatusOr<CommitResult> Reservation::Commit(
+    std::string_view parent_hash, std::string_view hashes,
+    const std::vector<SnapshotPlacement>& snapshots) {
+  if (id_ == 0) {
+    return absl::FailedPreconditionError(
+        "reservation: already committed or aborted");
+  }
+  auto result = ns_->CommitReservation(id_, parent_hash, hashes, snapshots);
+  if (result.ok()) id_ = 0;
+  return result;
+}
+
+std::future<absl::StatusOr<CommitResult>> Reservation::CommitAfter(
+    void* stream, std::string parent_hash, std::string hashes,
+    std::vector<SnapshotPlacement> snapshots) {
+  auto promise = std::make_shared<std::promise<absl::StatusOr<CommitResult>>>();
+  auto future = promise->get_future();
+  if (id_ == 0) {
+    promise->set_value(absl::FailedPreconditionError(
+        "reservation: already committed or aborted"));
+    return future;
+  }
+  const uint64_t id = std::exchange(id_, 0);
+  auto ns = ns_;
+  ns->After(stream, [ns, id, promise, parent = std::move(parent_hash),
+                     h = std::move(hashes),
+                     s = std::move(snapshots)](absl::Status queued) {
+    if (!queued.ok()) {
+      (void)ns->AbortReservation(id);
+      promise->set_value(queued);
+      return;
+    }
+    auto result = ns->CommitReservation(id, parent, h, s);
+    if (!result.ok()) (void)ns->AbortReservation(id);
+    promise->set_value(std::move(result));
+  });
+  return future;
+}
+
+uint32_t Reservation::hash_bytes() const {
+  return ns_ == nullptr ? 0 : ns_->hasher->hash_bytes();
+}
+
+absl::Status Reservation::Abort() {
+  if (id_ == 0) return absl::OkStatus();
+  const uint64_t id = std::exchange(id_, 0);
+  return ns_->AbortReservation(id);
+}
+
+// -------------------------------------------------------------- Namespace --
+
+Namespace::Namespace(std::shared_ptr<NamespaceState> state)
+    : state_(std::move(state)) {}
+Namespace::~Namespace() = default;
+
+uint64_t Namespace::id() const { return state_->id; }
+const std::string& Namespace::name() const { return state_->name; }
+const Layout& Namespace::layout() const { return state_->layout; }
+uint32_t Namespace::tp_rank() const { return state_->tp_rank; }
+bool Namespace::created() const { return state_->created; }
+bool Namespace::cuda_registered() const { return state_->registered; }
+const BlockHasher& Namespace::hasher() const { return *state_->hasher; }
+const std::vector<BankMapping>& Namespace::page_banks() const {
+  return state_->page_banks;
+}
+const BankMapping* Namespace::snapshot_bank() const {
+  return state_->snapshot_bank ? &*state_->snapshot_bank : nullptr;
+}
+double Namespace::map_seconds() const { return state_->map_seconds; }
+double Namespace::register_seconds() const { return state_->register_seconds; }
+
+absl::StatusOr<Lease> Namespace::Lookup(std::string_view hashes, bool pin) {
+  v1::LookupRequest req;
+  state_->Fill(&req);
+  req.set_hashes(std::string(hashes));
+  req.set_pin(pin);
+  v1::LookupResponse resp;
+  grpc::ClientContext ctx;
+  state_->conn->Deadline(&ctx);
+  if (absl::Status s = client::FromGrpc(
+          state_->conn->stub->Lookup(&ctx, req, &resp), "Lookup");
+      !s.ok()) {
+    return s;
+  }
+  Lease lease;
+  lease.ns_ = state_;
+  lease.lease_id_ = resp.lease_id();
+  lease.matched_pages_ = resp.matched_pages();
+  lease.usable_pages_ = resp.usable_pages();
+  lease.rows_.assign(resp.rows().begin(), resp.rows().end());
+  lease.has_snapshot_ = resp.has_snapshot();
+  lease.snapshot_row_ = resp.snapshot_row();
+  return lease;
+}
+
+absl::StatusOr<Reservation> Namespace::Reserve(uint32_t pages,
+                                               uint32_t snapshots) {
+  v1::ReserveRequest req;
+  state_->Fill(&req);
+  req.set_pages(pages);
+  req.set_snapshots(snapshots);
+  v1::ReserveResponse resp;
+  grpc::ClientContext ctx;
+  state_->conn->Deadline(&ctx);
+  if (absl::Status s = client::FromGrpc(
+          state_->conn->stub->Reserve(&ctx, req, &resp), "Reserve");
+      !s.ok()) {
+    return s;
+  }
+  Reservation r;
+  r.ns_ = state_;
+  r.id_ = resp.reservation_id();
+  r.page_rows_.assign(resp.page_rows().begin(), resp.page_rows().end());
+  r.snapshot_rows_.assign(resp.snapshot_rows().begin(),
+                          resp.snapshot_rows().end());
+  return r;
+}
+
+absl::StatusOr<std::unique_ptr<client::TransferEngine>>
+Namespace::CreateTransferEngine(client::Backend backend,
+                                const GpuPoolDescriptor& pool,
+                                uint32_t max_ctas) const {
+  std::vector<std::pair<std::string, client::HostBankView>> banks;
+  for (const auto& b : state_->page_banks) {
+    banks.emplace_back(b.name,
+                       client::HostBankView{reinterpret_cast<uint64_t>(b.base),
+                                            b.rows, b.row_bytes, b.row_stride});
+  }
+  std::optional<client::HostBankView> snap;
+  if (state_->snapshot_bank) {
+    const auto& b = *state_->snapshot_bank;
+    snap = client::HostBankView{reinterpret_cast<uint64_t>(b.base), b.rows,
+                                b.row_bytes, b.row_stride};
+  }
+  if (backend == client::Backend::kCuda && !state_->registered) {
+    return absl::FailedPreconditionError(
+        "the namespace's banks are not registered with CUDA (no device at "
+        "attach, or register_with_cuda was false)");
+  }
+  client::TransferOptions options;
+  if (max_ctas != 0) options.max_ctas = max_ctas;
+  return client::TransferEngine::Create(backend, pool, std::move(banks), snap,
+                                        options);
+}
+
+// ----------------------------------------------------------------- Client --
+
+Client::Client(std::shared_ptr<Connection> connection)
+    : connection_(std::move(connection)) {}
+
+Client::~Client() = default;
+
+uint64_t Client::session_id() const { return connection_->session_id; }
+const std::string& Client::socket() const { return connection_->socket; }
+bool Client::session_alive() const { return connection_->alive.load(); }
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
+    const ConnectOptions& options) {
+  auto conn = std::make_shared<Connection>();
+  conn->socket = ResolveClientSocket(options.socket);
+  conn->timeout = options.timeout;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  // Each Client is its own connection, as each engine process is.
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  conn->channel = grpc::CreateCustomChannel(
+      "unix:" + conn->socket, grpc::InsecureChannelCredentials(), args);
+  if (!conn->channel->WaitForConnected(
+          absl::ToChronoTime(absl::Now() + options.timeout))) {
+    return absl::UnavailableError(absl::StrCat(
+        "cannot connect to kvtierd at unix:", conn->socket,
+        " (is the daemon running? set --socket or $KVTIER_SOCKET)"));
+  }
+  conn->stub = v1::TierService::NewStub(conn->channel);
+  conn->session = conn->stub->Session(&conn->session_context);
+  v1::SessionRequest hello;
+  hello.set_api_version(1);
+  hello.mutable_hello()->set_client_name(options.client_name);
+  hello.mutable_hello()->set_pid(static_cast<uint32_t>(getpid()));
+  v1::SessionEvent opened;
+  if (!conn->session->Write(hello) || !conn->session->Read(&opened) ||
+      !opened.has_opened()) {
+    grpc::Status st = conn->session->Finish();
+    conn->session.reset();
+    return absl::UnavailableError(absl::StrCat(
+        "kvtierd at unix:", conn->socket,
+        " did not open a session: ", st.error_message()));
+  }
+  conn->session_id = opened.opened().session_id();
+  conn->alive = true;
+  Connection* raw = conn.get();
+  conn->session_reader = std::thread([raw] {
+    v1::SessionEvent event;
+    while (raw->session->Read(&event)) {
+    }
+    raw->alive = false;
+    raw->session->Finish();
+  });
+  return std::unique_ptr<Client>(new Client(std::move(conn)));
+}
+
+absl::StatusOr<std::unique_ptr<Namespace>> Client::Attach(
+    const AttachOptions& options) {
+  v1::AttachRequest req;
+  req.set_api_version(1);
+  req.set_session_id(connection_->session_id);
+  req.set_namespace_(options.name);
+  v1::Layout* l = req.mutable_layout();
+  l->set_model(options.layout.model);
+  l->set_tokens_per_page(options.layout.tokens_per_page);
+  l->set_num_layers(options.layout.num_layers);
+  for (const auto& b : options.layout.page_banks) {
+    auto* pb = l->add_page_banks();
+    pb->set_name(b.name);
+    pb->set_row_bytes(b.row_bytes);
+    pb->set_dtype(b.dtype);
+  }
+  l->set_snapshot_row_bytes(options.layout.snapshot_row_bytes);
+  l->set_tp_size(options.layout.tp_size);
+  l->set_replicated(options.layout.replicated);
+  l->set_hash_kind(static_cast<v1::HashKind>(options.layout.hash_kind));
+  req.set_tp_rank(options.tp_rank);
+  req.mutable_capacity()->set_page_rows(options.capacity.page_rows);
+  req.mutable_capacity()->set_snapshot_rows(options.capacity.snapshot_rows);
+  req.mutable_capacity()->set_max_replay_tokens(
+      options.capacity.max_replay_tokens);
+  req.set_tenant_salt(options.tenant_salt);
+  v1::AttachResponse resp;
+  grpc::ClientContext ctx;
+  connection_->Deadline(&ctx);
+  if (absl::Status s = client::FromGrpc(
+          connection_->stub->Attach(&ctx, req, &resp), "Attach");
+      !s.ok()) {
+    return s;
+  }
+
+  auto state = std::make_shared<NamespaceState>();
+  state->conn = connection_;
+  state->id = resp.namespace_id();
+  state->name = options.name;
+  state->layout = options.layout;
+  state->tp_rank = options.tp_rank;
+  state->created = resp.created();
+  auto hasher = BlockHasher::Create(options.layout.hash_kind, resp.hash_seed(),
+                                    options.layout.tokens_per_page);
+  if (!hasher.ok()) return hasher.status();
+  state->hasher.emplace(*std::move(hasher));
+
+  const absl::Time map_start = absl::Now();
+  for (const auto& seg : resp.segments()) {
+    auto mapped = shm::Segment::Open(seg.path());
+    if (!mapped.ok()) {
+      return absl::Status(mapped.status().code(),
+                          absl::StrCat("mapping bank '", seg.bank(), "': ",
+                                       mapped.status().message()));
+    }
+    if (mapped->rows() != seg.rows() || mapped->row_bytes() != seg.row_bytes()) {
+      return absl::DataLossError(absl::StrCat(
+          "bank '", seg.bank(), "' at ", seg.path(),
+          ": header disagrees with the daemon (rows ", mapped->rows(), " vs ",
+          seg.rows(), ")"));
+    }
+    BankMapping m;
+    m.name = seg.bank();
+    m.base = mapped->row(0);
+    m.rows = mapped->rows();
+    m.row_bytes = mapped->row_bytes();
+    m.row_stride = mapped->row_stride();
+    m.huge_pages = mapped->huge_pages();
+    m.path = seg.path();
+    if (seg.bank() == "snapshot") {
+      state->snapshot_bank = m;
+    } else {
+      state->page_banks.push_back(m);
+    }
+    state->segments.push_back(
+        std::make_unique<shm::Segment>(*std::move(mapped)));
+  }
+  state->map_seconds = absl::ToDoubleSeconds(absl::Now() - map_start);
+
+  if (options.register_with_cuda && client::CudaDevicePresent()) {
+    const absl::Time reg_start = absl::Now();
+    for (size_t i = 0; i < state->segments.size(); ++i) {
+      const auto& seg = state->segments[i];
+      if (absl::Status s =
+              client::RegisterHostRange(seg->base(), seg->file_bytes());
+          !s.ok()) {
+        for (size_t j = 0; j < i; ++j) {
+          client::UnregisterHostRange(state->segments[j]->base(),
+                                      state->segments[j]->file_bytes());
+        }
+        return absl::Status(s.code(), absl::StrCat("registering bank at ",
+                                                   seg->path(), ": ",
+                                                   s.message()));
+      }
+    }
+    state->registered = true;
+    state->register_seconds = absl::ToDoubleSeconds(absl::Now() - reg_start);
+    for (auto& b : state->page_banks) b.cuda_registered = true;
+    if (state->snapshot_bank) state->snapshot_bank->cuda_registered = true;
+  }
+  return std::unique_ptr<Namespace>(new Namespace(std::move(state)));
+}
+
+absl::StatusOr<DropResult> Client::Drop(const std::string& name,
+                                        std::string_view hash, bool force) {
+  v1::DropRequest req;
+  req.set_api_version(1);
+  req.set_namespace_(name);
+  req.set_hash(std::string(hash));
+  req.set_force(force);
+  v1::DropResponse resp;
+  grpc::ClientContext ctx;
+  connection_->Deadline(&ctx);
+  if (absl::Status s = client::FromGrpc(
+          connection_->stub->Drop(&ctx, req, &resp), "Drop");
+      !s.ok()) {
+    return s;
+  }
+  return DropResult{resp.dropped_pages(), resp.dropped_snapshots()};
+}
+
+}  // namespace kvtier

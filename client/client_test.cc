@@ -1,0 +1,201 @@
+// Tests of libkvtier's C++ API against a real kvtierd, host-only (no GPU
+// needed): attach maps the banks, RAII leases and reservations, deferred
+// commits, and a reference-backend round trip through the shared banks.
+#include "kvtier/client.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <random>
+
+#include "client/transfer_engine.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/daemon_process.h"
+
+namespace kvtier {
+namespace {
+
+AttachOptions Options(const std::string& name, uint64_t rows = 64) {
+  AttachOptions o;
+  o.name = name;
+  o.layout.model = "client-test";
+  o.layout.tokens_per_page = 16;
+  o.layout.num_layers = 2;
+  // kv: K and V of one layer, 2 KiB each; scale: an odd 100 bytes.
+  o.layout.page_banks = {{"kv", 4096, "bf16"}, {"scale", 100, "fp32"}};
+  o.capacity.page_rows = rows;
+  return o;
+}
+
+std::vector<int32_t> Tokens(size_t n, int32_t salt) {
+  std::vector<int32_t> t(n);
+  for (size_t i = 0; i < n; ++i) t[i] = static_cast<int32_t>(i * 13 + salt);
+  return t;
+}
+
+class ClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(daemon_.Start().ok());
+    auto c = Client::Connect({.socket = daemon_.socket(), .client_name = "t"});
+    ASSERT_TRUE(c.ok()) << c.status();
+    client_ = *std::move(c);
+  }
+  testing::DaemonProcess daemon_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(ClientTest, ConnectFailsClearlyWithoutDaemon) {
+  auto c = Client::Connect({.socket = daemon_.dir() + "/none.sock",
+                            .timeout = absl::Milliseconds(300)});
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(c.status().message()),
+              ::testing::HasSubstr("none.sock"));
+}
+
+TEST_F(ClientTest, AttachWithoutGpuMapsBanksHostOnly) {
+  auto ns = client_->Attach(Options("attach"));
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  EXPECT_TRUE((*ns)->created());
+  EXPECT_NE(client_->session_id(), 0u);
+  ASSERT_EQ((*ns)->page_banks().size(), 2u);
+  EXPECT_EQ((*ns)->snapshot_bank(), nullptr);
+  for (const auto& b : (*ns)->page_banks()) {
+    EXPECT_FALSE(b.cuda_registered);  // No GPU on CI; harmless on one.
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(b.base) % 16, 0u);
+    EXPECT_EQ(b.row_stride % 16, 0u);
+    EXPECT_EQ(b.rows, 64u);
+    // The mapping is writable and shared.
+    std::memset(b.base + 3 * b.row_stride, 0x5a, b.row_bytes);
+  }
+  EXPECT_EQ((*ns)->page_banks()[1].row_bytes, 100u);
+  EXPECT_EQ((*ns)->hasher().hash_bytes(), 32u);
+}
+
+TEST_F(ClientTest, LeaseAndReservationAreRaii) {
+  auto ns = client_->Attach(Options("raii", 8));
+  ASSERT_TRUE(ns.ok());
+  const std::string hashes = (*ns)->hasher().HashChain(Tokens(8 * 16, 1));
+  {
+    auto r = (*ns)->Reserve(8);
+    ASSERT_TRUE(r.ok());
+    // Destroyed without commit: aborted, the rows come back.
+  }
+  auto r = (*ns)->Reserve(8);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->Commit("", hashes).ok());
+  EXPECT_EQ(r->Commit("", hashes).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  {
+    auto lease = (*ns)->Lookup(hashes, /*pin=*/true);
+    ASSERT_TRUE(lease.ok());
+    EXPECT_TRUE(lease->pinned());
+    EXPECT_EQ(lease->matched_pages(), 8u);
+    // Every row is pinned: nothing can be evicted for a new reservation.
+    EXPECT_EQ((*ns)->Reserve(1).status().code(),
+              absl::StatusCode::kResourceExhausted);
+  }
+  // The lease's destructor released the pin: eviction makes room.
+  auto one = (*ns)->Reserve(1);
+  EXPECT_TRUE(one.ok()) << one.status();
+}
+
+TEST_F(ClientTest, CommitAfterWithoutStreamCommits) {
+  auto ns = client_->Attach(Options("after"));
+  ASSERT_TRUE(ns.ok());
+  const std::string hashes = (*ns)->hasher().HashChain(Tokens(5 * 16, 2));
+  auto r = (*ns)->Reserve(5);
+  ASSERT_TRUE(r.ok());
+  auto done = r->CommitAfter(nullptr, "", hashes);
+  auto result = done.get();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->committed_pages, 5u);
+  auto lease = (*ns)->Lookup(hashes, /*pin=*/false);
+  ASSERT_TRUE(lease.ok());
+  EXPECT_EQ(lease->matched_pages(), 5u);
+  EXPECT_FALSE(lease->pinned());
+}
+
+TEST_F(ClientTest, ReferenceTransferRoundTripsThroughBanks) {
+  auto ns = client_->Attach(Options("xfer", 128));
+  ASSERT_TRUE(ns.ok());
+  // Two host "pools" of 200 pages: K, V (2 KiB each) and scales (100 B).
+  constexpr uint64_t kPages = 200;
+  auto alloc = [](uint64_t bytes) {
+    return std::unique_ptr<uint8_t, decltype(&std::free)>(
+        static_cast<uint8_t*>(std::aligned_alloc(64, bytes)), &std::free);
+  };
+  auto k = alloc(kPages * 2048), v = alloc(kPages * 2048),
+       s = alloc(kPages * 112);
+  auto k2 = alloc(kPages * 2048), v2 = alloc(kPages * 2048),
+       s2 = alloc(kPages * 112);
+  std::mt19937 rng(3);
+  for (auto* p : {k.get(), v.get()}) {
+    for (uint64_t i = 0; i < kPages * 2048; ++i) p[i] = rng();
+  }
+  for (uint64_t i = 0; i < kPages * 112; ++i) s.get()[i] = rng();
+  auto pool = [&](uint8_t* kk, uint8_t* vv, uint8_t* ss) {
+    GpuPoolDescriptor d;
+    d.num_pages = kPages;
+    d.banks = {{"kv",
+                {{reinterpret_cast<uint64_t>(kk), 2048, 2048},
+                 {reinterpret_cast<uint64_t>(vv), 2048, 2048}}},
+               {"scale", {{reinterpret_cast<uint64_t>(ss), 112, 100}}}};
+    return d;
+  };
+  auto src = (*ns)->CreateTransferEngine(client::Backend::kReference,
+                                         pool(k.get(), v.get(), s.get()));
+  ASSERT_TRUE(src.ok()) << src.status();
+  auto dst = (*ns)->CreateTransferEngine(client::Backend::kReference,
+                                         pool(k2.get(), v2.get(), s2.get()));
+  ASSERT_TRUE(dst.ok()) << dst.status();
+
+  const uint32_t n = 100;
+  std::vector<uint32_t> pages(n), back(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    pages[i] = (i * 37 + 11) % kPages;
+    back[i] = (i * 53 + 5) % kPages;
+  }
+  std::sort(back.begin(), back.end());
+  back.erase(std::unique(back.begin(), back.end()), back.end());
+  ASSERT_EQ(back.size(), n);
+  const std::string hashes = (*ns)->hasher().HashChain(Tokens(n * 16, 3));
+  auto r = (*ns)->Reserve(n);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE((*src)->Evict(pages, r->page_rows(), nullptr).ok());
+  ASSERT_TRUE(r->Commit("", hashes).ok());
+
+  auto lease = (*ns)->Lookup(hashes, /*pin=*/true);
+  ASSERT_TRUE(lease.ok());
+  ASSERT_EQ(lease->usable_pages(), n);
+  ASSERT_TRUE((*dst)->Rehydrate(back, lease->rows(), nullptr).ok());
+  for (uint32_t i = 0; i < n; ++i) {
+    EXPECT_EQ(std::memcmp(k2.get() + back[i] * 2048, k.get() + pages[i] * 2048,
+                          2048),
+              0);
+    EXPECT_EQ(std::memcmp(v2.get() + back[i] * 2048, v.get() + pages[i] * 2048,
+                          2048),
+              0);
+    EXPECT_EQ(std::memcmp(s2.get() + back[i] * 112, s.get() + pages[i] * 112,
+                          100),
+              0);
+  }
+}
+
+TEST_F(ClientTest, DaemonDeathIsAnErrorNotACrash) {
+  auto ns = client_->Attach(Options("death"));
+  ASSERT_TRUE(ns.ok());
+  EXPECT_TRUE(client_->session_alive());
+  daemon_.Kill();
+  const absl::Time start = absl::Now();
+  while (client_->session_alive() && absl::Now() - start < absl::Seconds(5)) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_FALSE(client_->session_alive());
+  auto lease = (*ns)->Lookup(std::string(32, 'x'));
+  EXPECT_EQ(lease.status().code(), absl::StatusCode::kUnavailable)
+      << lease.status();
+}
+
+}  // namespace
+}  // namespace kvtier

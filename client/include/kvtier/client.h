@@ -1,0 +1,258 @@
+// libkvtier's C++ API: connect to kvtierd, attach to a namespace, look up,
+// reserve and commit pages, and move them with the transfer engine.
+//
+//   auto client = kvtier::Client::Connect({.client_name = "engine-0"});
+//   auto ns = (*client)->Attach({.name = "llama3-8b", .layout = layout});
+//   std::string hashes = (*ns)->hasher().HashChain(tokens);
+//   auto lease = (*ns)->Lookup(hashes, /*pin=*/true);       // rows to rehydrate
+//   auto res = (*ns)->Reserve(pages);                        // rows to evict into
+//   ... engine->Evict(gpu_pages, res->page_rows(), stream) ...
+//   auto done = res->CommitAfter(stream, parent, hashes);    // never blocks
+//
+// The API exposes no protobuf, gRPC or abseil-flags types beyond
+// absl::Status/StatusOr and absl::Span, so an engine that brings its own
+// protobuf can load libkvtier.so (which hides everything else).
+//
+// Thread-safety: Client and Namespace are thread-safe. Lease and Reservation
+// are move-only handles owned by one thread at a time; their destructors
+// release the pin / abort the reservation.
+#ifndef KVTIER_CLIENT_INCLUDE_KVTIER_CLIENT_H_
+#define KVTIER_CLIENT_INCLUDE_KVTIER_CLIENT_H_
+
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "kvtier/block_hash.h"
+#include "kvtier/pool.h"
+
+namespace kvtier {
+
+namespace client {
+class TransferEngine;
+enum class Backend;
+struct Connection;
+struct NamespaceState;
+}  // namespace client
+
+// One per-page bank of a namespace (KV codes, scales, ...).
+struct BankLayout {
+  std::string name;        // [a-z0-9_]{1,32}; "kv" first by convention.
+  uint64_t row_bytes = 0;  // Bytes of one page in this bank.
+  std::string dtype;       // Informational; part of the fingerprint.
+};
+
+// Everything that decides whether two engines can share rows.
+struct Layout {
+  std::string model;
+  uint32_t tokens_per_page = 16;
+  uint32_t num_layers = 0;
+  std::vector<BankLayout> page_banks;
+  uint64_t snapshot_row_bytes = 0;  // 0: no snapshots (not hybrid).
+  uint32_t tp_size = 1;
+  bool replicated = false;  // KV identical on every rank (MLA): stored once.
+  HashKind hash_kind = HashKind::kSha256;
+};
+
+// Bank sizes used when this attach creates the namespace (0: daemon default).
+struct Capacity {
+  uint64_t page_rows = 0;
+  uint64_t snapshot_rows = 0;
+  uint32_t max_replay_tokens = 0;
+};
+
+struct ConnectOptions {
+  std::string socket;       // Empty: $KVTIER_SOCKET, /run/kvtier, default.
+  std::string client_name;  // Shown to operators.
+  absl::Duration timeout = absl::Seconds(5);  // Connect and per-RPC deadline.
+};
+
+struct AttachOptions {
+  std::string name;
+  Layout layout;
+  uint32_t tp_rank = 0;
+  Capacity capacity;
+  std::string tenant_salt;
+  // Register the banks with CUDA (cudaHostRegister, mapped) when a device is
+  // present. Without a device the attach is host-only either way.
+  bool register_with_cuda = true;
+};
+
+// A mapped bank: row r starts at base + r * row_stride. When registered,
+// `base` is also the device address (UVA).
+struct BankMapping {
+  std::string name;
+  uint8_t* base = nullptr;
+  uint64_t rows = 0;
+  uint64_t row_bytes = 0;
+  uint64_t row_stride = 0;
+  bool cuda_registered = false;
+  bool huge_pages = false;
+  std::string path;
+};
+
+struct CommitResult {
+  uint32_t committed_pages = 0;
+  uint32_t deduplicated_pages = 0;
+  uint32_t committed_snapshots = 0;
+  uint32_t deduplicated_snapshots = 0;
+};
+
+// Where a reserved snapshot row goes: the state after the page `hash`.
+struct SnapshotPlacement {
+  uint32_t index = 0;  // Into Reservation::snapshot_rows().
+  std::string hash;
+};
+
+// The answer of a Lookup. When pinned, the rows stay valid until Release
+// (or the destructor, or the session's end).
+class Lease {
+ public:
+  Lease() = default;
+  Lease(Lease&&) noexcept;
+  Lease& operator=(Lease&&) noexcept;
+  ~Lease();
+
+  uint32_t matched_pages() const { return matched_pages_; }
+  uint32_t usable_pages() const { return usable_pages_; }
+  absl::Span<const uint32_t> rows() const { return rows_; }
+  bool has_snapshot() const { return has_snapshot_; }
+  uint32_t snapshot_row() const { return snapshot_row_; }
+  bool pinned() const { return lease_id_ != 0; }
+
+  // Releases the pin now. REQUIRES: the engine's copies from these rows have
+  // finished (else use ReleaseAfter).
+  absl::Status Release();
+  // Releases the pin once the work queued on `stream` (a cudaStream_t) so far
+  // has finished, without blocking the calling thread. Host-only or null
+  // stream: releases now.
+  void ReleaseAfter(void* stream);
+
+ private:
+  friend class Namespace;
+  std::shared_ptr<client::NamespaceState> ns_;
+  uint64_t lease_id_ = 0;
+  uint32_t matched_pages_ = 0;
+  uint32_t usable_pages_ = 0;
+  std::vector<uint32_t> rows_;
+  bool has_snapshot_ = false;
+  uint32_t snapshot_row_ = 0;
+};
+
+// Rows reserved for writing; invisible until Commit. The destructor aborts a
+// reservation that was neither committed nor aborted.
+class Reservation {
+ public:
+  Reservation() = default;
+  Reservation(Reservation&&) noexcept;
+  Reservation& operator=(Reservation&&) noexcept;
+  ~Reservation();
+
+  uint64_t id() const { return id_; }
+  // Bytes of one hash in this reservation's namespace.
+  uint32_t hash_bytes() const;
+  absl::Span<const uint32_t> page_rows() const { return page_rows_; }
+  absl::Span<const uint32_t> snapshot_rows() const { return snapshot_rows_; }
+
+  // Makes the rows visible under `hashes` (one per page row, packed; see
+  // BlockHasher) below `parent_hash` (empty: first pages). REQUIRES: the
+  // rows are fully written (else use CommitAfter).
+  absl::StatusOr<CommitResult> Commit(
+      std::string_view parent_hash, std::string_view hashes,
+      const std::vector<SnapshotPlacement>& snapshots = {});
+  // Commits once the work queued on `stream` so far has finished, without
+  // blocking the calling thread: the stream's host callback hands the commit
+  // to libkvtier's worker thread. The future holds the result.
+  std::future<absl::StatusOr<CommitResult>> CommitAfter(
+      void* stream, std::string parent_hash, std::string hashes,
+      std::vector<SnapshotPlacement> snapshots = {});
+  absl::Status Abort();
+
+ private:
+  friend class Namespace;
+  std::shared_ptr<client::NamespaceState> ns_;
+  uint64_t id_ = 0;
+  std::vector<uint32_t> page_rows_;
+  std::vector<uint32_t> snapshot_rows_;
+};
+
+class Namespace {
+ public:
+  ~Namespace();
+  Namespace(const Namespace&) = delete;
+  Namespace& operator=(const Namespace&) = delete;
+
+  uint64_t id() const;
+  const std::string& name() const;
+  const Layout& layout() const;
+  uint32_t tp_rank() const;
+  bool created() const;  // This attach created the namespace.
+  bool cuda_registered() const;
+  const BlockHasher& hasher() const;
+  const std::vector<BankMapping>& page_banks() const;
+  const BankMapping* snapshot_bank() const;  // nullptr when not hybrid.
+  // Seconds spent mapping and registering the banks at attach.
+  double map_seconds() const;
+  double register_seconds() const;
+
+  // Longest cached run of `hashes` (packed chain, hash_bytes each).
+  absl::StatusOr<Lease> Lookup(std::string_view hashes, bool pin = true);
+  absl::StatusOr<Reservation> Reserve(uint32_t pages, uint32_t snapshots = 0);
+
+  // A transfer engine over this namespace's banks and the engine's GPU pool
+  // (client::Backend::kCuda), or over host memory (kReference, for tests).
+  // max_ctas: most CTAs one copy launch uses (0: the default).
+  absl::StatusOr<std::unique_ptr<client::TransferEngine>> CreateTransferEngine(
+      client::Backend backend, const GpuPoolDescriptor& pool,
+      uint32_t max_ctas = 0) const;
+
+ private:
+  friend class Client;
+  explicit Namespace(std::shared_ptr<client::NamespaceState> state);
+  std::shared_ptr<client::NamespaceState> state_;
+};
+
+struct DropResult {
+  uint64_t dropped_pages = 0;
+  uint64_t dropped_snapshots = 0;
+};
+
+class Client {
+ public:
+  // Connects to the daemon and opens this process's session.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(
+      const ConnectOptions& options);
+  // Closes the session: the daemon releases its pins and reservations.
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  uint64_t session_id() const;
+  const std::string& socket() const;
+  // False once the daemon closed the session (it stopped or restarted).
+  bool session_alive() const;
+
+  // Creates or opens a namespace and maps its banks.
+  absl::StatusOr<std::unique_ptr<Namespace>> Attach(
+      const AttachOptions& options);
+  // Drops a namespace (hash empty) or the prefix subtree under `hash`.
+  absl::StatusOr<DropResult> Drop(const std::string& name,
+                                  std::string_view hash = {},
+                                  bool force = false);
+
+ private:
+  explicit Client(std::shared_ptr<client::Connection> connection);
+  std::shared_ptr<client::Connection> connection_;
+};
+
+}  // namespace kvtier
+
+#endif  // KVTIER_CLIENT_INCLUDE_KVTIER_CLIENT_H_

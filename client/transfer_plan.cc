@@ -1,0 +1,448 @@
+// Validation of pool descriptors and host banks, and slicing of transfers
+// into copy-kernel parameter blocks.
+//
+// Thread-safety: see transfer_plan.h (immutable after Create).
+
+#include "client/transfer_plan.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "kernels/page_copy.h"
+#include "kvtier/pool.h"
+
+namespace kvtier::client {
+namespace {
+
+using kernels::CopyDirection;
+using kernels::PageCopyParams;
+using kernels::PageCopySegment;
+
+std::string Hex(uint64_t v) { return absl::StrFormat("0x%x", v); }
+
+// A set of `count` equal-sized blocks `stride` apart: a pool tensor's pages,
+// a snapshot segment's slots, or a host bank's rows.
+struct Extent {
+  std::string name;
+  uint64_t base = 0;
+  uint64_t stride = 0;
+  uint64_t bytes = 0;
+  uint64_t count = 0;
+  uint64_t end = 0;  // one past the last byte of the last block
+};
+
+// Returns the end of the extent, or nullopt on overflow of 64 bits.
+std::optional<uint64_t> ExtentEnd(uint64_t base, uint64_t stride,
+                                  uint64_t bytes, uint64_t count) {
+  uint64_t span = 0;
+  uint64_t end = 0;
+  if (__builtin_mul_overflow(count - 1, stride, &span) ||
+      __builtin_add_overflow(base, span, &end) ||
+      __builtin_add_overflow(end, bytes, &end)) {
+    return std::nullopt;
+  }
+  return end;
+}
+
+// True if some byte of `a` is also a byte of `b`. Exact for disjoint ranges,
+// single blocks and equal strides (interleaved tensors); conservative
+// (range intersection) otherwise. REQUIRES: each extent's blocks are
+// disjoint (stride >= bytes when count > 1).
+bool Overlaps(const Extent& a, const Extent& b) {
+  if (a.end <= b.base || b.end <= a.base) return false;
+  if (a.count > 1 && b.count > 1 && a.stride == b.stride) {
+    const Extent& lo = a.base <= b.base ? a : b;
+    const Extent& hi = a.base <= b.base ? b : a;
+    const uint64_t d = (hi.base - lo.base) % lo.stride;
+    // On the circle of one stride, lo occupies [0, lo.bytes) and hi
+    // occupies [d, d + hi.bytes).
+    return d < lo.bytes || d + hi.bytes > lo.stride;
+  }
+  return true;
+}
+
+absl::Status CheckHostBank(const std::string& what, const HostBankView& v,
+                           std::vector<Extent>* extents) {
+  if (v.base == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": base is null"));
+  }
+  if (v.base % kPoolAlignment != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": base ", Hex(v.base),
+                     " is misaligned: it must be a multiple of 16"));
+  }
+  if (v.rows == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": rows is 0"));
+  }
+  if (v.row_bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": row_bytes is 0"));
+  }
+  if (v.row_stride % kPoolAlignment != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": row_stride ", v.row_stride,
+                     " is misaligned: it must be a multiple of 16"));
+  }
+  if (v.row_stride < v.row_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": row_stride ", v.row_stride,
+                     " is smaller than row_bytes ", v.row_bytes));
+  }
+  const std::optional<uint64_t> end =
+      ExtentEnd(v.base, v.row_stride, v.row_bytes, v.rows);
+  if (!end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": address range overflows"));
+  }
+  extents->push_back(
+      Extent{what, v.base, v.row_stride, v.row_bytes, v.rows, *end});
+  return absl::OkStatus();
+}
+
+// Checks one pool tensor (or snapshot segment) of `count` pages (or slots)
+// named `what` and appends its extent.
+absl::Status CheckTensor(const std::string& what, const PoolTensor& t,
+                         uint64_t count, std::vector<Extent>* extents) {
+  if (t.base == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ".base is null"));
+  }
+  if (t.base % kPoolAlignment != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ".base ", Hex(t.base),
+        " is misaligned: base and page_stride must be multiples of 16"));
+  }
+  if (t.page_stride % kPoolAlignment != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ".page_stride ", t.page_stride,
+        " is misaligned: base and page_stride must be multiples of 16"));
+  }
+  if (t.bytes_per_page == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ".bytes_per_page is 0"));
+  }
+  if (t.bytes_per_page > std::numeric_limits<uint32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ".bytes_per_page ", t.bytes_per_page,
+                     " is too large: it must be below 4 GiB"));
+  }
+  if (count > 1 && t.page_stride < t.bytes_per_page) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": its pages overlap each other (page_stride ", t.page_stride,
+        " < bytes_per_page ", t.bytes_per_page, ")"));
+  }
+  const std::optional<uint64_t> end =
+      ExtentEnd(t.base, t.page_stride, t.bytes_per_page, count);
+  if (!end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": address range overflows"));
+  }
+  extents->push_back(
+      Extent{what, t.base, t.page_stride, t.bytes_per_page, count, *end});
+  return absl::OkStatus();
+}
+
+// Appends the segments of `tensors` (row offsets from `host_base`) to
+// `segments`, continuing the chunk count `*chunks`.
+void AppendSegments(absl::Span<const PoolTensor> tensors,
+                    const HostBankView& bank,
+                    std::vector<PageCopySegment>* segments, uint32_t* chunks) {
+  uint64_t offset = 0;
+  for (const PoolTensor& t : tensors) {
+    PageCopySegment s;
+    s.gpu_base = t.base;
+    s.gpu_stride = t.page_stride;
+    s.host_base = bank.base + offset;
+    s.host_stride = bank.row_stride;
+    s.bytes = static_cast<uint32_t>(t.bytes_per_page);
+    s.chunk_begin = *chunks;
+    segments->push_back(s);
+    *chunks += static_cast<uint32_t>(
+        (t.bytes_per_page + kernels::kChunkBytes - 1) / kernels::kChunkBytes);
+    offset += t.bytes_per_page;
+  }
+}
+
+void FillHeader(CopyDirection direction, uint32_t items,
+                absl::Span<const PageCopySegment> segments, uint32_t chunks,
+                uint32_t max_ctas, PageCopyParams* p) {
+  p->header.num_items = items;
+  p->header.num_segments = static_cast<uint32_t>(segments.size());
+  p->header.direction = direction;
+  p->header.max_ctas = max_ctas;
+  p->header.chunks_per_item = chunks;
+  p->header.reserved = 0;
+  std::copy(segments.begin(), segments.end(), p->segments);
+}
+
+// Returns INVALID_ARGUMENT if a value of `values` repeats.
+absl::Status CheckDistinct(absl::string_view field,
+                           absl::Span<const uint32_t> values) {
+  std::vector<std::pair<uint32_t, uint32_t>> sorted;  // (value, index)
+  sorted.reserve(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    sorted.emplace_back(values[i], static_cast<uint32_t>(i));
+  }
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 1; i < sorted.size(); ++i) {
+    if (sorted[i].first == sorted[i - 1].first) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", sorted[i].second, "] = ", sorted[i].first,
+                       " repeats ", field, "[", sorted[i - 1].second,
+                       "]: destinations of one transfer must be distinct"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<TransferPlan> TransferPlan::Create(
+    const GpuPoolDescriptor& pool, absl::Span<const NamedHostBank> page_banks,
+    std::optional<HostBankView> snapshot_bank, const TransferOptions& options) {
+  if (options.max_ctas == 0 || options.max_ctas > kernels::kMaxCtasLimit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_ctas ", options.max_ctas, " is not in [1, ",
+                     kernels::kMaxCtasLimit, "]"));
+  }
+  if (pool.num_pages == 0) {
+    return absl::InvalidArgumentError("num_pages is 0");
+  }
+  if (page_banks.empty()) {
+    return absl::InvalidArgumentError("the namespace has no page banks");
+  }
+  std::vector<std::string> names;
+  for (const NamedHostBank& b : page_banks) names.push_back(b.first);
+  for (size_t i = 0; i < page_banks.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (page_banks[i].first == page_banks[j].first) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("page bank name '", page_banks[i].first,
+                         "' appears twice (banks ", j, " and ", i, ")"));
+      }
+    }
+  }
+  if (pool.banks.size() != page_banks.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the descriptor describes ", pool.banks.size(),
+                     " banks; the namespace has ", page_banks.size(),
+                     " page banks (", absl::StrJoin(names, ", "), ")"));
+  }
+
+  std::vector<Extent> tensors;  // pool tensors and snapshot segments
+  std::vector<Extent> hosts;    // host banks
+  size_t num_tensors = 0;
+  for (const BankPool& b : pool.banks) num_tensors += b.tensors.size();
+  if (num_tensors > kMaxPoolTensors) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the descriptor lists ", num_tensors, " tensors; at most ",
+                     kMaxPoolTensors, " are supported"));
+  }
+  for (size_t i = 0; i < page_banks.size(); ++i) {
+    const BankPool& b = pool.banks[i];
+    const std::string what = absl::StrCat("banks[", i, "]");
+    if (b.bank != page_banks[i].first) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ".bank is '", b.bank, "'; the namespace's page bank ", i,
+          " is '", page_banks[i].first, "' (banks must be in namespace order: ",
+          absl::StrJoin(names, ", "), ")"));
+    }
+    const HostBankView& view = page_banks[i].second;
+    if (absl::Status s = CheckHostBank(absl::StrCat("page bank '", b.bank, "'"),
+                                       view, &hosts);
+        !s.ok()) {
+      return s;
+    }
+    if (view.rows != page_banks[0].second.rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "page bank '", b.bank, "' has ", view.rows, " rows, page bank '",
+          page_banks[0].first, "' has ", page_banks[0].second.rows,
+          ": every page bank must have the same rows"));
+    }
+    if (b.tensors.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ('", b.bank, "') lists no tensors"));
+    }
+    uint64_t sum = 0;
+    for (size_t j = 0; j < b.tensors.size(); ++j) {
+      if (absl::Status s = CheckTensor(absl::StrCat(what, ".tensors[", j, "]"),
+                                       b.tensors[j], pool.num_pages, &tensors);
+          !s.ok()) {
+        return s;
+      }
+      sum += b.tensors[j].bytes_per_page;
+    }
+    if (sum != view.row_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " ('", b.bank, "'): the tensors' bytes_per_page add up to ",
+          sum, " bytes, the bank's row_bytes is ", view.row_bytes));
+    }
+  }
+
+  if (pool.snapshot.empty()) {
+    if (pool.num_snapshot_slots != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("num_snapshot_slots is ", pool.num_snapshot_slots,
+                       " but the descriptor lists no snapshot segments"));
+    }
+    if (snapshot_bank) {
+      return absl::InvalidArgumentError(
+          "a snapshot bank is given but the descriptor lists no snapshot "
+          "segments");
+    }
+  } else {
+    if (pool.snapshot.size() > kMaxPoolTensors) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the descriptor lists ", pool.snapshot.size(),
+          " snapshot segments; at most ", kMaxPoolTensors, " are supported"));
+    }
+    if (pool.num_snapshot_slots == 0) {
+      return absl::InvalidArgumentError(
+          "num_snapshot_slots is 0 but the descriptor lists snapshot "
+          "segments");
+    }
+    if (!snapshot_bank) {
+      return absl::InvalidArgumentError(
+          "the descriptor lists snapshot segments but no snapshot bank is "
+          "given");
+    }
+    if (absl::Status s = CheckHostBank("snapshot bank", *snapshot_bank, &hosts);
+        !s.ok()) {
+      return s;
+    }
+    uint64_t sum = 0;
+    for (size_t k = 0; k < pool.snapshot.size(); ++k) {
+      if (absl::Status s =
+              CheckTensor(absl::StrCat("snapshot[", k, "]"), pool.snapshot[k],
+                          pool.num_snapshot_slots, &tensors);
+          !s.ok()) {
+        return s;
+      }
+      sum += pool.snapshot[k].bytes_per_page;
+    }
+    if (sum != snapshot_bank->row_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("snapshot: the segments' bytes_per_page add up to ", sum,
+                       " bytes, the snapshot bank's row_bytes is ",
+                       snapshot_bank->row_bytes));
+    }
+  }
+
+  // Pairwise overlap: at most ~1.5k extents, once per attach.
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (Overlaps(tensors[i], tensors[j])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            tensors[i].name, " overlaps ", tensors[j].name, " (",
+            Hex(tensors[i].base), "..", Hex(tensors[i].end), " and ",
+            Hex(tensors[j].base), "..", Hex(tensors[j].end), ")"));
+      }
+    }
+    for (const Extent& h : hosts) {
+      if (Overlaps(tensors[i], h)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(tensors[i].name, " overlaps ", h.name));
+      }
+    }
+  }
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (Overlaps(hosts[i], hosts[j])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(hosts[i].name, " overlaps ", hosts[j].name));
+      }
+    }
+  }
+
+  TransferPlan plan;
+  plan.pool_ = pool;
+  plan.page_banks_.assign(page_banks.begin(), page_banks.end());
+  plan.snapshot_bank_ = snapshot_bank;
+  plan.rows_ = page_banks[0].second.rows;
+  plan.max_ctas_ = options.max_ctas;
+  for (size_t i = 0; i < pool.banks.size(); ++i) {
+    AppendSegments(pool.banks[i].tensors, page_banks[i].second,
+                   &plan.page_segments_, &plan.page_chunks_);
+  }
+  if (snapshot_bank) {
+    AppendSegments(pool.snapshot, *snapshot_bank, &plan.snapshot_segments_,
+                   &plan.snapshot_chunks_);
+  }
+  return plan;
+}
+
+absl::Status TransferPlan::CheckPages(CopyDirection direction,
+                                      absl::Span<const uint32_t> gpu_pages,
+                                      absl::Span<const uint32_t> rows) const {
+  if (gpu_pages.size() != rows.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "gpu_pages has ", gpu_pages.size(), " entries but rows has ",
+        rows.size(), ": they must have the same length"));
+  }
+  for (size_t i = 0; i < gpu_pages.size(); ++i) {
+    if (gpu_pages[i] >= pool_.num_pages) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "gpu_pages[", i, "] = ", gpu_pages[i],
+          " is out of range: the pool has ", pool_.num_pages, " pages"));
+    }
+    if (rows[i] >= rows_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rows[", i, "] = ", rows[i], " is out of range: the page banks have ",
+          rows_, " rows"));
+    }
+  }
+  if (direction == CopyDirection::kToHost) {
+    return CheckDistinct("rows", rows);
+  }
+  return CheckDistinct("gpu_pages", gpu_pages);
+}
+
+absl::Status TransferPlan::CheckSnapshot(uint32_t slot, uint32_t row) const {
+  if (!has_snapshot()) {
+    return absl::FailedPreconditionError(
+        "the pool descriptor has no snapshot segments");
+  }
+  if (slot >= pool_.num_snapshot_slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("slot ", slot, " is out of range: the pool has ",
+                     pool_.num_snapshot_slots, " snapshot slots"));
+  }
+  if (row >= snapshot_bank_->rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("row ", row, " is out of range: the snapshot bank has ",
+                     snapshot_bank_->rows, " rows"));
+  }
+  return absl::OkStatus();
+}
+
+void TransferPlan::FillPageSlice(CopyDirection direction,
+                                 absl::Span<const uint32_t> gpu_pages,
+                                 absl::Span<const uint32_t> rows, size_t slice,
+                                 PageCopyParams* params) const {
+  const size_t begin = slice * kMaxSlicePages;
+  const size_t n = std::min<size_t>(kMaxSlicePages, gpu_pages.size() - begin);
+  FillHeader(direction, static_cast<uint32_t>(n), page_segments_, page_chunks_,
+             max_ctas_, params);
+  std::copy_n(gpu_pages.begin() + begin, n, params->gpu_index);
+  std::copy_n(rows.begin() + begin, n, params->host_index);
+}
+
+void TransferPlan::FillSnapshot(CopyDirection direction, uint32_t slot,
+                                uint32_t row, PageCopyParams* params) const {
+  FillHeader(direction, 1, snapshot_segments_, snapshot_chunks_, max_ctas_,
+             params);
+  params->gpu_index[0] = slot;
+  params->host_index[0] = row;
+}
+
+}  // namespace kvtier::client

@@ -1,0 +1,445 @@
+// PrefixIndex: the per-namespace index of cold prefixes and the allocator of
+// the namespace's bank rows.
+//
+// A node is page i of a cached prefix, keyed by its block hash h_i (whose
+// chaining makes the key identify the whole prefix up to page i). A node holds,
+// per stored rank, one page row (the same row index in every per-page bank)
+// and optionally one snapshot row (the recurrent state after that page, for
+// hybrid models). Rows move between three states per rank: free,
+// allocated-uncommitted (a caller's reservation, invisible to Lookup) and
+// committed (referenced by exactly one node). Eviction is leaf-first LRU: a
+// node never goes before its children, so every rank's coverage and each
+// node's completeness are prefix-closed, which Lookup relies on to binary
+// search the longest match.
+//
+// Memory is kept near 100 bytes of daemon RAM per page (tp_size 1): nodes live
+// in a chunked pool addressed by uint32 ids, the hash set stores only node ids
+// (hashing and comparing through the node's key, so a key is stored once), and
+// the LRU sets hold only evictable leaves and unpinned snapshots.
+//
+// Thread-safety: this class is NOT thread-safe; its owner holds a mutex around
+// every call, const ones included.
+#ifndef KVTIER_DAEMON_PREFIX_INDEX_H_
+#define KVTIER_DAEMON_PREFIX_INDEX_H_
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace kvtier::daemon {
+
+// "No row" in row fields and vectors.
+inline constexpr uint32_t kNoRow = 0xffffffff;
+// "No node" in node ids (LookupResult::pin_node, tree links).
+inline constexpr uint32_t kNoNode = 0xffffffff;
+
+// A block hash. Hashes shorter than 32 bytes (hash_bytes 16) occupy the
+// leading bytes; the index reads only the first hash_bytes bytes, and keys it
+// returns have the rest zeroed.
+struct HashKey {
+  std::array<uint8_t, 32> bytes{};
+};
+
+// What one namespace's index manages. Validated by PrefixIndex::Create.
+struct IndexConfig {
+  uint32_t hash_bytes = 32;       // 16 or 32.
+  uint32_t tokens_per_page = 16;  // > 0; positions for the spacing policy.
+  uint32_t tp_size = 1;           // Ranks of the TP group, 1..255.
+  bool replicated = false;        // One copy (rank 0's) serves every rank.
+  uint64_t page_rows = 0;         // Rows per stored rank, 1..0xfffffffe.
+  uint64_t snapshot_rows = 0;     // Per stored rank; 0 = not hybrid.
+  // Hybrid only (ignored otherwise): keep snapshots so that resuming any
+  // cached prefix replays at most this many tokens. 0 = no preference.
+  uint32_t max_replay_tokens = 0;
+};
+
+class PrefixIndex {
+ public:
+  // Validates `config` (INVALID_ARGUMENT naming the field) and returns an
+  // empty index whose rows are all free.
+  static absl::StatusOr<std::unique_ptr<PrefixIndex>> Create(
+      const IndexConfig& config);
+
+  PrefixIndex(const PrefixIndex&) = delete;
+  PrefixIndex& operator=(const PrefixIndex&) = delete;
+  ~PrefixIndex();
+
+  // ---------------------------------------------------------- allocation --
+
+  // Returns `n` page rows of `rank`, now allocated-uncommitted (owned by the
+  // caller until Commit or FreePageRows). When fewer than `n` are free, evicts
+  // least-recently-used unpinned leaves (each frees all its ranks' page and
+  // snapshot rows) until enough are. All-or-nothing for the allocation:
+  // RESOURCE_EXHAUSTED (naming needed / free / pinned / reserved counts) when
+  // eviction cannot free enough; leaves evicted on the way stay evicted.
+  // INVALID_ARGUMENT for a bad rank (must be 0 when replicated) or n above
+  // the bank's rows per rank. n == 0 returns no rows.
+  absl::StatusOr<std::vector<uint32_t>> AllocatePageRows(uint32_t rank,
+                                                         uint32_t n);
+
+  // As AllocatePageRows, for the snapshot bank (FAILED_PRECONDITION when the
+  // namespace is not hybrid). When short it evicts snapshots only (the nodes
+  // stay): first, in LRU order among the ~64 least recent, snapshots the
+  // spacing policy calls redundant; then the LRU snapshot regardless (counted
+  // in Usage::spacing_violations when it was not redundant). Evicting whole
+  // leaves could not help further: every snapshot left then sits on a pinned
+  // node.
+  absl::StatusOr<std::vector<uint32_t>> AllocateSnapshotRows(uint32_t rank,
+                                                             uint32_t n);
+
+  // Returns allocated-uncommitted rows of `rank` to the free list. Validates
+  // everything first (INVALID_ARGUMENT naming the row: out of range, not
+  // allocated-uncommitted, listed twice); on error nothing changes.
+  absl::Status FreePageRows(uint32_t rank, absl::Span<const uint32_t> rows);
+  absl::Status FreeSnapshotRows(uint32_t rank, absl::Span<const uint32_t> rows);
+
+  // -------------------------------------------------------------- lookup --
+
+  struct LookupResult {
+    // Longest leading run of `hashes` whose nodes are complete (hold a page
+    // row for every stored rank).
+    uint32_t matched_pages = 0;
+    // matched_pages when not hybrid; when hybrid, depth+1 of the deepest node
+    // within the run holding a complete snapshot (every stored rank), else 0.
+    uint32_t usable_pages = 0;
+    // The rank's page rows of pages [0, usable_pages).
+    std::vector<uint32_t> rows;
+    bool has_snapshot = false;
+    uint32_t snapshot_row = kNoRow;  // The rank's snapshot row at the match.
+    // Node of page usable_pages-1 (kNoNode when usable_pages == 0): Pin it to
+    // keep the rows (and that snapshot) from eviction while they are read.
+    uint32_t pin_node = kNoNode;
+  };
+
+  // Finds the usable match of the chain `hashes` (h_0..h_{n-1}) for `rank`
+  // (any rank below tp_size; a replicated index serves rank 0's rows to all)
+  // and touches the LRU recency of the node at the usable end (the matched
+  // end when nothing is usable). O(log n) hash probes plus one walk up the
+  // matched path, which also verifies every key: a chain that disagrees with
+  // the tree falls back to a linear scan, so it never yields wrong rows.
+  // A rank >= tp_size yields an empty result.
+  LookupResult Lookup(absl::Span<const HashKey> hashes, uint32_t rank);
+
+  // -------------------------------------------------------------- commit --
+
+  struct SnapshotPlacement {
+    uint32_t row = kNoRow;  // An allocated-uncommitted snapshot row.
+    HashKey hash;           // The page after which the state was taken.
+  };
+  struct CommitResult {
+    uint32_t committed_pages = 0;
+    uint32_t deduplicated_pages = 0;
+    uint32_t committed_snapshots = 0;
+    uint32_t deduplicated_snapshots = 0;
+    // Rows of the commit not needed because the index already held the same
+    // hash for this rank; the index has already returned them to the free
+    // list.
+    std::vector<uint32_t> freed_page_rows;
+    std::vector<uint32_t> freed_snapshot_rows;
+  };
+
+  // Makes `rows` (allocated-uncommitted page rows of `rank`, rows[i] holding
+  // page hashes[i]) and `snapshots` visible for `rank`.
+  // `parent`: nullptr when hashes[0] is a first page; otherwise it must be in
+  // the index with this rank's page row (FAILED_PRECONDITION). A hash already
+  // held for this rank deduplicates (our row is freed); a hash present under
+  // a different parent is FAILED_PRECONDITION (inconsistent chain). Each
+  // placement's hash must be among `hashes` or already in the index with this
+  // rank's page row; a node already holding this rank's snapshot
+  // deduplicates. Everything is validated before anything changes: on error
+  // (INVALID_ARGUMENT / FAILED_PRECONDITION naming the field) the index is
+  // unchanged. REQUIRES: rows.size() == hashes.size() (else
+  // INVALID_ARGUMENT).
+  absl::StatusOr<CommitResult> Commit(
+      uint32_t rank, const HashKey* parent, absl::Span<const HashKey> hashes,
+      absl::Span<const uint32_t> rows,
+      absl::Span<const SnapshotPlacement> snapshots);
+
+  // ---------------------------------------------------------------- pins --
+
+  // Adds one pin to `node`: it, its ancestors and its snapshot are then kept
+  // from eviction and DropSubtree until as many Unpin calls. REQUIRES: `node`
+  // is a live node id, e.g. a LookupResult::pin_node of the same critical
+  // section (anything else is a no-op).
+  void Pin(uint32_t node);
+  // Removes one pin. FAILED_PRECONDITION when `node` is not a live, pinned
+  // node. Clear() invalidates every pin: forget them there.
+  absl::Status Unpin(uint32_t node);
+
+  // ------------------------------------------------------------- removal --
+
+  struct DropResult {
+    uint64_t pages = 0;      // Nodes removed.
+    uint64_t snapshots = 0;  // Of them, nodes that held a snapshot.
+  };
+  // Removes the node of `hash` and everything below it, freeing their rows.
+  // NOT_FOUND when absent; FAILED_PRECONDITION (naming the pin count) when
+  // any node in it is pinned, and then nothing changes.
+  absl::StatusOr<DropResult> DropSubtree(const HashKey& hash);
+
+  // Drops everything: nodes, pins and allocated-uncommitted rows (callers
+  // forget their reservations and leases). Every row becomes free; eviction
+  // counters are kept.
+  void Clear();
+
+  // ------------------------------------------------------- introspection --
+
+  struct Usage {
+    uint64_t nodes = 0;             // Pages held (one node per page).
+    uint64_t leaves = 0;            // Childless nodes (prefixes).
+    uint64_t evictable_leaves = 0;  // Childless and unpinned.
+    uint64_t snapshots = 0;         // Nodes holding at least one snapshot row.
+    uint64_t pinned_nodes = 0;
+    // Indexed by stored rank (tp_size entries, or 1 when replicated); the
+    // snapshot vectors are all zero when the namespace is not hybrid.
+    std::vector<uint64_t> free_page_rows, allocated_page_rows,
+        committed_page_rows;
+    std::vector<uint64_t> free_snapshot_rows, allocated_snapshot_rows,
+        committed_snapshot_rows;
+    uint64_t evicted_pages = 0;       // Nodes evicted (not dropped).
+    uint64_t evicted_snapshots = 0;   // Snapshot nodes evicted, alone or not.
+    uint64_t spacing_violations = 0;  // Forced non-redundant evictions.
+  };
+  // O(ranks).
+  Usage GetUsage() const;
+
+  struct PrefixInfo {
+    HashKey leaf;
+    uint32_t pages = 0;      // Depth of the leaf + 1.
+    uint32_t snapshots = 0;  // Nodes on the path holding a snapshot.
+    uint64_t last_use_tick = 0;
+    int64_t last_use_unix_ms = 0;
+    uint32_t pins = 0;  // Pins on the path's nodes.
+  };
+  // One entry per leaf (childless node), at most `limit`: the most recently
+  // used first when `by_recent`, else the longest first. `*total` (when not
+  // null) receives the number of leaves. O(leaves) for the longest-first
+  // order, O(limit) plus the distinct path nodes walked otherwise.
+  std::vector<PrefixInfo> ListPrefixes(bool by_recent, size_t limit,
+                                       uint64_t* total) const;
+
+  // Checks every invariant: each row of each rank in exactly one of {free,
+  // allocated-uncommitted, committed}, committed rows referenced by exactly
+  // one node, tree links and depths consistent, coverage prefix-closed, hash
+  // set, LRU sets and counters matching the nodes. INTERNAL naming the first
+  // violation. O(nodes + rows); for tests and debugging.
+  absl::Status CheckInvariants() const;
+
+  // Heap bytes held: node pool, per-node row arrays, row states and free
+  // lists, hash set, LRU and pin sets (counted by their allocator).
+  size_t MemoryBytes() const;
+
+ private:
+  static constexpr uint32_t kChunkBits = 14;
+  static constexpr uint32_t kChunkNodes = 1u << kChunkBits;
+  static constexpr uint32_t kChunkMask = kChunkNodes - 1;
+
+  // 80 bytes. A node with no page row (page_ranks == 0) is free; free nodes
+  // are chained through next_sibling.
+  struct Node {
+    HashKey key;
+    uint64_t tick;         // Last use (logical clock); LRU set keys use it.
+    int64_t unix_ms;       // Wall clock of the same use.
+    uint32_t parent;       // kNoNode for a first page.
+    uint32_t first_child;  // Children form a doubly linked list.
+    uint32_t next_sibling;
+    uint32_t prev_sibling;
+    uint32_t depth;  // Page index in the prefix.
+    uint32_t pins;
+    uint8_t page_ranks;      // Stored ranks holding a page row.
+    uint8_t snapshot_ranks;  // Stored ranks holding a snapshot row.
+  };
+
+  // A fixed block of the node pool; ids are chunk << kChunkBits | slot.
+  struct Chunk {
+    std::unique_ptr<Node[]> nodes;
+    std::unique_ptr<uint32_t[]> page_rows;      // [slot * ranks + rank]
+    std::unique_ptr<uint32_t[]> snapshot_rows;  // Same; null unless hybrid.
+  };
+
+  // One bank's rows across stored ranks.
+  struct RowPool {
+    enum State : uint8_t { kFree = 0, kAllocated = 1, kCommitted = 2 };
+    uint64_t rows_per_rank = 0;
+    std::vector<uint8_t> state;                  // [rank * rows_per_rank + row]
+    std::vector<std::vector<uint32_t>> free;     // Per rank: a stack.
+    std::vector<uint64_t> allocated, committed;  // Per rank.
+  };
+
+  // Counts the bytes its containers allocate into *bytes.
+  template <typename T>
+  struct CountingAllocator {
+    using value_type = T;
+    size_t* bytes;
+    explicit CountingAllocator(size_t* b) : bytes(b) {}
+    template <typename U>
+    CountingAllocator(const CountingAllocator<U>& o) : bytes(o.bytes) {}
+    T* allocate(size_t n) {
+      *bytes += n * sizeof(T);
+      return std::allocator<T>().allocate(n);
+    }
+    void deallocate(T* p, size_t n) {
+      *bytes -= n * sizeof(T);
+      std::allocator<T>().deallocate(p, n);
+    }
+    template <typename U>
+    bool operator==(const CountingAllocator<U>& o) const {
+      return bytes == o.bytes;
+    }
+  };
+
+  // Hash and equality of node ids through their keys, transparent to
+  // HashKey so lookups need no node.
+  struct NodeHash {
+    using is_transparent = void;
+    const PrefixIndex* index;
+    size_t operator()(uint32_t id) const;
+    size_t operator()(const HashKey& key) const;
+  };
+  struct NodeEq {
+    using is_transparent = void;
+    const PrefixIndex* index;
+    bool operator()(uint32_t a, uint32_t b) const;
+    bool operator()(uint32_t a, const HashKey& b) const;
+    bool operator()(const HashKey& a, uint32_t b) const;
+  };
+
+  using LruSet =
+      absl::btree_set<std::pair<uint64_t, uint32_t>,
+                      std::less<std::pair<uint64_t, uint32_t>>,
+                      CountingAllocator<std::pair<uint64_t, uint32_t>>>;
+  using NodeSet = absl::flat_hash_set<uint32_t, NodeHash, NodeEq,
+                                      CountingAllocator<uint32_t>>;
+  using IdSet =
+      absl::flat_hash_set<uint32_t, absl::Hash<uint32_t>, std::equal_to<>,
+                          CountingAllocator<uint32_t>>;
+
+  explicit PrefixIndex(const IndexConfig& config);
+
+  // Node access.
+  Node& N(uint32_t id) {
+    return chunks_[id >> kChunkBits].nodes[id & kChunkMask];
+  }
+  const Node& N(uint32_t id) const {
+    return chunks_[id >> kChunkBits].nodes[id & kChunkMask];
+  }
+  uint32_t& PageRow(uint32_t id, uint32_t rank) {
+    return chunks_[id >> kChunkBits]
+        .page_rows[(id & kChunkMask) * ranks_ + rank];
+  }
+  uint32_t PageRow(uint32_t id, uint32_t rank) const {
+    return chunks_[id >> kChunkBits]
+        .page_rows[(id & kChunkMask) * ranks_ + rank];
+  }
+  uint32_t& SnapshotRow(uint32_t id, uint32_t rank) {
+    return chunks_[id >> kChunkBits]
+        .snapshot_rows[(id & kChunkMask) * ranks_ + rank];
+  }
+  uint32_t SnapshotRow(uint32_t id, uint32_t rank) const {
+    return chunks_[id >> kChunkBits]
+        .snapshot_rows[(id & kChunkMask) * ranks_ + rank];
+  }
+  bool IsLive(uint32_t id) const {
+    return id < next_unused_ && N(id).page_ranks != 0;
+  }
+  bool Complete(const Node& n) const { return n.page_ranks == ranks_; }
+  bool SnapshotComplete(const Node& n) const {
+    return ranks_ != 0 && n.snapshot_ranks == ranks_;
+  }
+  // Set membership is a function of the node's state.
+  static bool InLeafSet(const Node& n) {
+    return n.first_child == kNoNode && n.pins == 0;
+  }
+  static bool InSnapshotSet(const Node& n) {
+    return n.snapshot_ranks != 0 && n.pins == 0;
+  }
+  uint64_t Position(const Node& n) const {
+    return (uint64_t{n.depth} + 1) * tokens_per_page_;
+  }
+
+  void InitPool(RowPool& pool, uint64_t rows_per_rank);
+  // INVALID_ARGUMENT unless rank < ranks_.
+  absl::Status ValidateRank(uint32_t rank) const;
+  // Pops n free rows of `rank` into allocated-uncommitted. REQUIRES: enough.
+  std::vector<uint32_t> TakeRows(RowPool& pool, uint32_t rank, uint32_t n);
+  // FreePageRows / FreeSnapshotRows; `bank` names the bank in messages.
+  static absl::Status FreeRows(RowPool& pool, uint32_t rank,
+                               absl::Span<const uint32_t> rows,
+                               const char* bank);
+  // Row state moves: allocated -> committed, allocated -> free,
+  // committed -> free.
+  static void CommitRow(RowPool& pool, uint32_t rank, uint32_t row);
+  static void ReturnAllocated(RowPool& pool, uint32_t rank, uint32_t row);
+  static void ReleaseCommitted(RowPool& pool, uint32_t rank, uint32_t row);
+
+  // Creates a node holding `rank`'s committed `row`, linked under `parent`
+  // (kNoNode: a first page), with the current recency, in the leaf LRU.
+  uint32_t NewNode(const HashKey& key, uint32_t parent, uint32_t rank,
+                   uint32_t row);
+  // Sets the node's recency, keeping its LRU set entries keyed by it.
+  void SetRecency(uint32_t id, uint64_t tick, int64_t unix_ms);
+  // Removes a childless node: frees its rows, unlinks it, and puts a parent
+  // left childless into the leaf LRU with max(own, child's) recency.
+  void RemoveLeaf(uint32_t id);
+  // Frees every rank's snapshot row of the node (the node stays).
+  void RemoveSnapshot(uint32_t id);
+  // RemoveLeaf / RemoveSnapshot, counted as evictions.
+  void EvictLeaf(uint32_t id);
+  void EvictSnapshot(uint32_t id);
+  // Whether, without the node's snapshot, resuming anywhere in the tree
+  // still replays at most max_replay_tokens_ (bounded search; "no" when the
+  // bound is hit).
+  bool SnapshotRedundant(uint32_t id) const;
+  // Key comparison over hash_bytes_ bytes (constant sizes: inlined compares).
+  bool KeyEquals(const HashKey& a, const HashKey& b) const {
+    return hash_bytes_ == 32
+               ? std::memcmp(a.bytes.data(), b.bytes.data(), 32) == 0
+               : std::memcmp(a.bytes.data(), b.bytes.data(), 16) == 0;
+  }
+  // The key with the bytes beyond hash_bytes_ zeroed.
+  HashKey Normalize(const HashKey& key) const;
+  // The node holding `key`, or kNoNode.
+  uint32_t FindNode(const HashKey& key) const;
+  // Advances the logical clock and samples the wall clock.
+  void Tick();
+
+  // Immutable after construction.
+  const uint32_t hash_bytes_;
+  const uint32_t tokens_per_page_;
+  const uint32_t tp_size_;
+  const uint32_t ranks_;  // Stored ranks: 1 when replicated, else tp_size.
+  const bool hybrid_;
+  const uint32_t max_replay_tokens_;
+
+  // Mutable state (guarded by the owner's mutex).
+  mutable size_t container_bytes_ = 0;  // Counted by CountingAllocator.
+  std::vector<Chunk> chunks_;
+  uint32_t next_unused_ = 0;  // Ids below it are live or on the free list.
+  uint32_t free_nodes_ = kNoNode;
+  RowPool pages_, snapshots_;
+  NodeSet by_key_;
+  LruSet leaf_lru_;      // (tick, id) of childless, unpinned nodes.
+  LruSet snapshot_lru_;  // (tick, id) of unpinned nodes holding snapshots.
+  IdSet pinned_;
+  uint64_t tick_ = 0;
+  int64_t now_ms_ = 0;
+  uint64_t nodes_ = 0, leaves_ = 0, snapshot_nodes_ = 0;
+  uint64_t evicted_pages_ = 0, evicted_snapshots_ = 0;
+  uint64_t spacing_violations_ = 0;
+};
+
+}  // namespace kvtier::daemon
+
+#endif  // KVTIER_DAEMON_PREFIX_INDEX_H_

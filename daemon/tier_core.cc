@@ -1,0 +1,863 @@
+// TierCore: the daemon's transport-free core.
+#include "daemon/tier_core.h"
+
+#include <algorithm>
+#include <cstring>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace kvtier::daemon {
+
+struct TierCore::Namespace {
+  struct Reservation {
+    uint64_t session = 0;
+    uint32_t rank = 0;
+    std::vector<uint32_t> page_rows;
+    std::vector<uint32_t> snapshot_rows;
+  };
+  struct Lease {
+    uint64_t session = 0;
+    uint32_t node = 0;
+  };
+
+  // Immutable after construction.
+  uint64_t id = 0;
+  std::string name;
+  v1::Layout layout;  // Normalized.
+  Fingerprint fingerprint{};
+  uint32_t hash_bytes = 32;
+  uint32_t stored_ranks = 1;  // 1 when replicated, else tp_size.
+  uint64_t page_rows = 0;
+  uint64_t snapshot_rows = 0;
+  uint32_t max_replay_tokens = 0;
+  // Per stored rank: one segment per page bank (layout order), then the
+  // snapshot segment when hybrid. segment_info mirrors it for Attach.
+  std::vector<std::vector<std::unique_ptr<shm::Segment>>> segments;
+  std::vector<std::vector<v1::Segment>> segment_info;
+
+  absl::Mutex mu;
+  std::unique_ptr<PrefixIndex> index ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<uint64_t, Reservation> reservations ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<uint64_t, Lease> leases ABSL_GUARDED_BY(mu);
+  // Attached sessions -> their (storage) rank.
+  absl::flat_hash_map<uint64_t, uint32_t> sessions ABSL_GUARDED_BY(mu);
+  uint64_t reserved_page_rows ABSL_GUARDED_BY(mu) = 0;
+  uint64_t reserved_snapshot_rows ABSL_GUARDED_BY(mu) = 0;
+  uint64_t lookups ABSL_GUARDED_BY(mu) = 0;
+  uint64_t hit_pages ABSL_GUARDED_BY(mu) = 0;
+  uint64_t miss_pages ABSL_GUARDED_BY(mu) = 0;
+  uint64_t committed_pages ABSL_GUARDED_BY(mu) = 0;
+
+  bool hybrid() const { return layout.snapshot_row_bytes() > 0; }
+  uint32_t StorageRank(uint32_t tp_rank) const {
+    return layout.replicated() ? 0 : tp_rank;
+  }
+};
+
+namespace {
+
+uint64_t RoundUp16(uint64_t n) { return (n + 15) & ~uint64_t{15}; }
+
+absl::Status CheckVersion(uint32_t v) {
+  if (v != 0 && v != kApiVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "api_version: daemon speaks ", kApiVersion, ", request has ", v));
+  }
+  return absl::OkStatus();
+}
+
+// Splits packed `bytes` into keys of `hash_bytes` each.
+absl::Status ParseHashes(const std::string& bytes, uint32_t hash_bytes,
+                         uint32_t max_count, absl::string_view field,
+                         std::vector<HashKey>* out) {
+  if (bytes.size() % hash_bytes != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", bytes.size(),
+                     " bytes is not a multiple of the namespace's hash size ",
+                     hash_bytes));
+  }
+  const size_t n = bytes.size() / hash_bytes;
+  if (n > max_count) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", n, " hashes exceed the limit of ", max_count));
+  }
+  out->resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    HashKey& k = (*out)[i];
+    k.bytes.fill(0);
+    std::memcpy(k.bytes.data(), bytes.data() + i * hash_bytes, hash_bytes);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseOneHash(const std::string& bytes, uint32_t hash_bytes,
+                          absl::string_view field, HashKey* out) {
+  if (bytes.size() != hash_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": must be ", hash_bytes, " bytes, got ",
+                     bytes.size()));
+  }
+  out->bytes.fill(0);
+  std::memcpy(out->bytes.data(), bytes.data(), hash_bytes);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+TierCore::TierCore(TierOptions options)
+    : options_(std::move(options)), started_(absl::Now()) {}
+
+TierCore::~TierCore() = default;
+
+absl::StatusOr<uint64_t> TierCore::OpenSession(const v1::Hello& hello,
+                                               const PeerInfo& peer) {
+  if (hello.client_name().size() > 256) {
+    return absl::InvalidArgumentError("hello.client_name: at most 256 bytes");
+  }
+  absl::BitGen gen;
+  absl::MutexLock lock(&mu_);
+  uint64_t id = 0;
+  do {
+    id = absl::Uniform<uint64_t>(gen);
+  } while (id == 0 || sessions_.contains(id));
+  Session& s = sessions_[id];
+  s.id = id;
+  s.client_name = hello.client_name();
+  s.peer = peer;
+  s.opened = absl::Now();
+  SPDLOG_INFO("session {:016x} opened: client '{}' pid {}", id,
+              s.client_name, peer.pid);
+  return id;
+}
+
+void TierCore::CloseSession(uint64_t session_id) {
+  std::vector<std::shared_ptr<Namespace>> attached;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) return;
+    for (const auto& [ns_id, rank] : it->second.attached) {
+      auto ns = by_id_.find(ns_id);
+      if (ns != by_id_.end()) attached.push_back(ns->second);
+    }
+    sessions_.erase(it);
+  }
+  size_t aborted = 0, released = 0;
+  for (auto& ns : attached) {
+    absl::MutexLock lock(&ns->mu);
+    for (auto it = ns->reservations.begin(); it != ns->reservations.end();) {
+      auto cur = it++;
+      if (cur->second.session != session_id) continue;
+      auto& r = cur->second;
+      (void)ns->index->FreePageRows(r.rank, r.page_rows);
+      (void)ns->index->FreeSnapshotRows(r.rank, r.snapshot_rows);
+      ns->reserved_page_rows -= r.page_rows.size();
+      ns->reserved_snapshot_rows -= r.snapshot_rows.size();
+      ns->reservations.erase(cur);
+      ++aborted;
+    }
+    for (auto it = ns->leases.begin(); it != ns->leases.end();) {
+      auto cur = it++;
+      if (cur->second.session != session_id) continue;
+      (void)ns->index->Unpin(cur->second.node);
+      ns->leases.erase(cur);
+      ++released;
+    }
+    ns->sessions.erase(session_id);
+  }
+  SPDLOG_INFO("session {:016x} closed: {} reservations aborted, {} leases "
+              "released",
+              session_id, aborted, released);
+}
+
+absl::StatusOr<std::shared_ptr<TierCore::Namespace>>
+TierCore::CreateOrOpenLocked(const std::string& name, const v1::Layout& raw,
+                             const v1::Capacity& capacity,
+                             const std::string& tenant_salt, bool* created) {
+  *created = false;
+  if (absl::Status s = ValidateNamespaceName(name); !s.ok()) return s;
+  if (absl::Status s = ValidateLayout(raw); !s.ok()) return s;
+  if (tenant_salt.size() > kMaxTenantSalt) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tenant_salt: at most ", kMaxTenantSalt, " bytes, got ",
+        tenant_salt.size()));
+  }
+  const v1::Layout layout = NormalizeLayout(raw);
+  if (auto it = by_name_.find(name); it != by_name_.end()) {
+    const std::string diff =
+        DescribeLayoutDifference(it->second->layout, layout);
+    if (!diff.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "namespace '", name, "' exists with a different layout: ", diff));
+    }
+    return it->second;
+  }
+  if (by_name_.size() >= options_.max_namespaces) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "namespace '", name, "': the daemon already holds ",
+        by_name_.size(), " namespaces (--max_namespaces)"));
+  }
+
+  const bool hybrid = layout.snapshot_row_bytes() > 0;
+  const uint32_t stored_ranks = layout.replicated() ? 1 : layout.tp_size();
+  uint64_t page_stride = 0;
+  for (const auto& b : layout.page_banks()) page_stride += RoundUp16(b.row_bytes());
+  const uint64_t snap_stride = RoundUp16(layout.snapshot_row_bytes());
+  if (!hybrid && capacity.snapshot_rows() != 0) {
+    return absl::InvalidArgumentError(
+        "capacity.snapshot_rows: the layout has no snapshots "
+        "(snapshot_row_bytes is 0)");
+  }
+  const uint64_t per_rank_default = options_.default_namespace_bytes;
+  uint64_t snapshot_rows = capacity.snapshot_rows();
+  if (hybrid && snapshot_rows == 0) {
+    snapshot_rows = std::max<uint64_t>(
+        1, static_cast<uint64_t>(per_rank_default *
+                                 options_.default_snapshot_share) /
+               snap_stride);
+  }
+  uint64_t page_rows = capacity.page_rows();
+  if (page_rows == 0) {
+    const uint64_t used = snapshot_rows * snap_stride;
+    page_rows = std::max<uint64_t>(
+        1, used < per_rank_default ? (per_rank_default - used) / page_stride
+                                   : 0);
+  }
+  if (page_rows >= kNoRow || snapshot_rows >= kNoRow) {
+    return absl::InvalidArgumentError(
+        "capacity: at most 4,294,967,294 rows per bank");
+  }
+  const unsigned __int128 total =
+      static_cast<unsigned __int128>(stored_ranks) *
+      (static_cast<unsigned __int128>(page_rows) * page_stride +
+       static_cast<unsigned __int128>(snapshot_rows) * snap_stride);
+  if (total > options_.namespace_budget_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "capacity: namespace '", name, "' would take ",
+        static_cast<uint64_t>(total), " bytes of banks, over the "
+        "per-namespace budget of ", options_.namespace_budget_bytes,
+        " bytes (--namespace_budget_bytes)"));
+  }
+
+  auto ns = std::make_shared<Namespace>();
+  ns->id = next_id_.fetch_add(1);
+  ns->name = name;
+  ns->layout = layout;
+  ns->fingerprint = LayoutFingerprint(layout);
+  ns->hash_bytes = HashBytes(layout.hash_kind());
+  ns->stored_ranks = stored_ranks;
+  ns->page_rows = page_rows;
+  ns->snapshot_rows = snapshot_rows;
+  ns->max_replay_tokens = capacity.max_replay_tokens() != 0
+                              ? capacity.max_replay_tokens()
+                              : options_.default_max_replay_tokens;
+
+  IndexConfig config;
+  config.hash_bytes = ns->hash_bytes;
+  config.tokens_per_page = layout.tokens_per_page();
+  config.tp_size = layout.tp_size();
+  config.replicated = layout.replicated();
+  config.page_rows = page_rows;
+  config.snapshot_rows = snapshot_rows;
+  config.max_replay_tokens = ns->max_replay_tokens;
+  auto index = PrefixIndex::Create(config);
+  if (!index.ok()) return index.status();
+
+  ns->segments.resize(stored_ranks);
+  ns->segment_info.resize(stored_ranks);
+  auto make_segment = [&](uint32_t rank, const std::string& bank,
+                          uint64_t rows, uint64_t row_bytes) -> absl::Status {
+    shm::SegmentSpec spec;
+    spec.file_name =
+        absl::StrCat(options_.segment_prefix, ".", name, ".", bank, ".r", rank);
+    spec.namespace_name = name;
+    spec.bank = bank;
+    spec.rank = rank;
+    spec.rows = rows;
+    spec.row_bytes = row_bytes;
+    spec.layout_fingerprint = ns->fingerprint;
+    auto seg = shm::Segment::Create(spec, options_.segments);
+    if (!seg.ok()) {
+      return absl::Status(seg.status().code(),
+                          absl::StrCat("bank '", bank, "' rank ", rank, ": ",
+                                       seg.status().message()));
+    }
+    auto owned = std::make_unique<shm::Segment>(*std::move(seg));
+    v1::Segment info;
+    info.set_bank(bank);
+    info.set_rank(rank);
+    info.set_path(owned->path());
+    info.set_rows(owned->rows());
+    info.set_row_bytes(owned->row_bytes());
+    info.set_row_stride(owned->row_stride());
+    info.set_data_offset(owned->data_offset());
+    info.set_file_bytes(owned->file_bytes());
+    info.set_huge_pages(owned->huge_pages());
+    SPDLOG_INFO("namespace '{}': bank '{}' rank {} {} ({} rows x {} B{})",
+                name, bank, rank, owned->created() ? "created" : "reopened",
+                rows, row_bytes, owned->huge_pages() ? ", 2 MiB pages" : "");
+    ns->segments[rank].push_back(std::move(owned));
+    ns->segment_info[rank].push_back(std::move(info));
+    return absl::OkStatus();
+  };
+  for (uint32_t r = 0; r < stored_ranks; ++r) {
+    for (const auto& b : layout.page_banks()) {
+      if (absl::Status s = make_segment(r, b.name(), page_rows, b.row_bytes());
+          !s.ok()) {
+        return s;
+      }
+    }
+    if (hybrid) {
+      if (absl::Status s = make_segment(r, "snapshot", snapshot_rows,
+                                        layout.snapshot_row_bytes());
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  {
+    absl::MutexLock lock(&ns->mu);
+    ns->index = *std::move(index);
+  }
+  by_name_[name] = ns;
+  by_id_[ns->id] = ns;
+  *created = true;
+  return ns;
+}
+
+absl::Status TierCore::CreateNamespace(const std::string& name,
+                                       const v1::Layout& layout,
+                                       const v1::Capacity& capacity) {
+  absl::MutexLock lock(&mu_);
+  bool created = false;
+  return CreateOrOpenLocked(name, layout, capacity, "", &created).status();
+}
+
+absl::Status TierCore::Attach(const v1::AttachRequest& req,
+                              v1::AttachResponse* resp) {
+  if (absl::Status s = CheckVersion(req.api_version()); !s.ok()) return s;
+  absl::MutexLock lock(&mu_);
+  auto session = sessions_.find(req.session_id());
+  if (session == sessions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("session_id: no open session ", req.session_id()));
+  }
+  const uint32_t tp_size = req.layout().tp_size() == 0 ? 1 : req.layout().tp_size();
+  if (req.tp_rank() >= tp_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tp_rank: ", req.tp_rank(), " is not below layout.tp_size ", tp_size));
+  }
+  bool created = false;
+  auto ns = CreateOrOpenLocked(req.namespace_(), req.layout(), req.capacity(),
+                               req.tenant_salt(), &created);
+  if (!ns.ok()) return ns.status();
+  Namespace& n = **ns;
+  if (auto it = session->second.attached.find(n.id);
+      it != session->second.attached.end() && it->second != req.tp_rank()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "tp_rank: this session is attached to namespace '", n.name,
+        "' as rank ", it->second, " already"));
+  }
+  session->second.attached[n.id] = req.tp_rank();
+  {
+    absl::MutexLock ns_lock(&n.mu);
+    n.sessions[req.session_id()] = n.StorageRank(req.tp_rank());
+  }
+  resp->set_namespace_id(n.id);
+  resp->set_layout_fingerprint(
+      std::string(reinterpret_cast<const char*>(n.fingerprint.data()),
+                  n.fingerprint.size()));
+  resp->set_hash_seed(DeriveHashSeed(n.name, n.fingerprint, req.tenant_salt(),
+                                     n.hash_bytes));
+  resp->set_hash_bytes(n.hash_bytes);
+  resp->set_created(created);
+  for (const auto& seg : n.segment_info[n.StorageRank(req.tp_rank())]) {
+    *resp->add_segments() = seg;
+  }
+  resp->set_page_rows(n.page_rows);
+  resp->set_snapshot_rows(n.snapshot_rows);
+  resp->set_max_replay_tokens(n.max_replay_tokens);
+  SPDLOG_INFO("session {:016x} attached to '{}' rank {}{}", req.session_id(),
+              n.name, req.tp_rank(), created ? " (created)" : "");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<TierCore::Namespace>> TierCore::Resolve(
+    uint32_t api_version, uint64_t session_id, uint64_t namespace_id,
+    uint32_t* rank) {
+  if (absl::Status s = CheckVersion(api_version); !s.ok()) return s;
+  absl::ReaderMutexLock lock(&mu_);
+  auto session = sessions_.find(session_id);
+  if (session == sessions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("session_id: no open session ", session_id));
+  }
+  auto ns = by_id_.find(namespace_id);
+  if (ns == by_id_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("namespace_id: no namespace ", namespace_id));
+  }
+  auto att = session->second.attached.find(namespace_id);
+  if (att == session->second.attached.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("namespace_id: session is not attached to namespace '",
+                     ns->second->name, "'"));
+  }
+  *rank = ns->second->StorageRank(att->second);
+  return ns->second;
+}
+
+absl::Status TierCore::Lookup(const v1::LookupRequest& req,
+                              v1::LookupResponse* resp) {
+  uint32_t rank = 0;
+  auto ns_or = Resolve(req.api_version(), req.session_id(),
+                       req.namespace_id(), &rank);
+  if (!ns_or.ok()) return ns_or.status();
+  Namespace& ns = **ns_or;
+  std::vector<HashKey> keys;
+  if (absl::Status s = ParseHashes(req.hashes(), ns.hash_bytes,
+                                   kMaxLookupPages, "hashes", &keys);
+      !s.ok()) {
+    return s;
+  }
+  absl::MutexLock lock(&ns.mu);
+  PrefixIndex::LookupResult r = ns.index->Lookup(keys, rank);
+  ++ns.lookups;
+  ns.hit_pages += r.usable_pages;
+  ns.miss_pages += keys.size() - r.usable_pages;
+  resp->set_matched_pages(r.matched_pages);
+  resp->set_usable_pages(r.usable_pages);
+  resp->mutable_rows()->Assign(r.rows.begin(), r.rows.end());
+  resp->set_has_snapshot(r.has_snapshot);
+  if (r.has_snapshot) resp->set_snapshot_row(r.snapshot_row);
+  if (req.pin() && r.usable_pages > 0 && r.pin_node != kNoNode) {
+    const uint64_t lease = next_id_.fetch_add(1);
+    ns.index->Pin(r.pin_node);
+    ns.leases[lease] = Namespace::Lease{req.session_id(), r.pin_node};
+    resp->set_lease_id(lease);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
+                               v1::ReserveResponse* resp) {
+  uint32_t rank = 0;
+  auto ns_or = Resolve(req.api_version(), req.session_id(),
+                       req.namespace_id(), &rank);
+  if (!ns_or.ok()) return ns_or.status();
+  Namespace& ns = **ns_or;
+  if (req.pages() == 0 && req.snapshots() == 0) {
+    return absl::InvalidArgumentError(
+        "pages, snapshots: reserve at least one row");
+  }
+  if (req.pages() > ns.page_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pages: ", req.pages(), " exceeds the bank's ", ns.page_rows, " rows"));
+  }
+  if (req.snapshots() > ns.snapshot_rows) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "snapshots: ", req.snapshots(), " exceeds the snapshot bank's ",
+        ns.snapshot_rows, " rows"));
+  }
+  absl::MutexLock lock(&ns.mu);
+  std::vector<uint32_t> pages, snaps;
+  if (req.pages() > 0) {
+    auto p = ns.index->AllocatePageRows(rank, req.pages());
+    if (!p.ok()) return p.status();
+    pages = *std::move(p);
+  }
+  if (req.snapshots() > 0) {
+    auto s = ns.index->AllocateSnapshotRows(rank, req.snapshots());
+    if (!s.ok()) {
+      (void)ns.index->FreePageRows(rank, pages);
+      return s.status();
+    }
+    snaps = *std::move(s);
+  }
+  const uint64_t id = next_id_.fetch_add(1);
+  resp->set_reservation_id(id);
+  resp->mutable_page_rows()->Assign(pages.begin(), pages.end());
+  resp->mutable_snapshot_rows()->Assign(snaps.begin(), snaps.end());
+  ns.reserved_page_rows += pages.size();
+  ns.reserved_snapshot_rows += snaps.size();
+  ns.reservations[id] = Namespace::Reservation{req.session_id(), rank,
+                                               std::move(pages),
+                                               std::move(snaps)};
+  return absl::OkStatus();
+}
+
+absl::Status TierCore::Commit(const v1::CommitRequest& req,
+                              v1::CommitResponse* resp) {
+  uint32_t rank = 0;
+  auto ns_or = Resolve(req.api_version(), req.session_id(),
+                       req.namespace_id(), &rank);
+  if (!ns_or.ok()) return ns_or.status();
+  Namespace& ns = **ns_or;
+  std::vector<HashKey> keys;
+  if (absl::Status s = ParseHashes(req.hashes(), ns.hash_bytes,
+                                   kMaxReservePages, "hashes", &keys);
+      !s.ok()) {
+    return s;
+  }
+  HashKey parent;
+  const bool has_parent = !req.parent_hash().empty();
+  if (has_parent) {
+    if (absl::Status s = ParseOneHash(req.parent_hash(), ns.hash_bytes,
+                                      "parent_hash", &parent);
+        !s.ok()) {
+      return s;
+    }
+  }
+  absl::MutexLock lock(&ns.mu);
+  auto it = ns.reservations.find(req.reservation_id());
+  if (it == ns.reservations.end() ||
+      it->second.session != req.session_id()) {
+    return absl::NotFoundError(
+        absl::StrCat("reservation_id: no reservation ", req.reservation_id(),
+                     " of this session in namespace '", ns.name, "'"));
+  }
+  Namespace::Reservation& r = it->second;
+  if (keys.size() != r.page_rows.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "hashes: ", keys.size(), " hashes for a reservation of ",
+        r.page_rows.size(), " page rows"));
+  }
+  std::vector<PrefixIndex::SnapshotPlacement> placements;
+  std::vector<bool> placed(r.snapshot_rows.size(), false);
+  for (int i = 0; i < req.snapshots_size(); ++i) {
+    const auto& p = req.snapshots(i);
+    const std::string field = absl::StrCat("snapshots[", i, "]");
+    if (p.index() >= r.snapshot_rows.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".index: ", p.index(), " is not below the reservation's ",
+          r.snapshot_rows.size(), " snapshot rows"));
+    }
+    if (placed[p.index()]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".index: snapshot row ", p.index(), " placed twice"));
+    }
+    placed[p.index()] = true;
+    PrefixIndex::SnapshotPlacement sp;
+    sp.row = r.snapshot_rows[p.index()];
+    if (absl::Status s =
+            ParseOneHash(p.hash(), ns.hash_bytes, field + ".hash", &sp.hash);
+        !s.ok()) {
+      return s;
+    }
+    placements.push_back(sp);
+  }
+  if (keys.empty() && placements.empty()) {
+    return absl::InvalidArgumentError(
+        "hashes, snapshots: nothing to commit (abort the reservation instead)");
+  }
+  auto result = ns.index->Commit(rank, has_parent ? &parent : nullptr, keys,
+                                 r.page_rows, placements);
+  if (!result.ok()) return result.status();
+  std::vector<uint32_t> unplaced;
+  for (size_t i = 0; i < placed.size(); ++i) {
+    if (!placed[i]) unplaced.push_back(r.snapshot_rows[i]);
+  }
+  if (!unplaced.empty()) {
+    if (absl::Status s = ns.index->FreeSnapshotRows(rank, unplaced); !s.ok()) {
+      SPDLOG_ERROR("namespace '{}': freeing unplaced snapshot rows: {}",
+                   ns.name, s.ToString());
+    }
+  }
+  ns.reserved_page_rows -= r.page_rows.size();
+  ns.reserved_snapshot_rows -= r.snapshot_rows.size();
+  ns.committed_pages += result->committed_pages;
+  ns.reservations.erase(it);
+  resp->set_committed_pages(result->committed_pages);
+  resp->set_deduplicated_pages(result->deduplicated_pages);
+  resp->set_committed_snapshots(result->committed_snapshots);
+  resp->set_deduplicated_snapshots(result->deduplicated_snapshots);
+  return absl::OkStatus();
+}
+
+absl::Status TierCore::Abort(const v1::AbortRequest& req, v1::AbortResponse*) {
+  uint32_t rank = 0;
+  auto ns_or = Resolve(req.api_version(), req.session_id(),
+                       req.namespace_id(), &rank);
+  if (!ns_or.ok()) return ns_or.status();
+  Namespace& ns = **ns_or;
+  absl::MutexLock lock(&ns.mu);
+  auto it = ns.reservations.find(req.reservation_id());
+  if (it == ns.reservations.end() ||
+      it->second.session != req.session_id()) {
+    return absl::NotFoundError(
+        absl::StrCat("reservation_id: no reservation ", req.reservation_id(),
+                     " of this session in namespace '", ns.name, "'"));
+  }
+  auto& r = it->second;
+  absl::Status s1 = ns.index->FreePageRows(r.rank, r.page_rows);
+  absl::Status s2 = ns.index->FreeSnapshotRows(r.rank, r.snapshot_rows);
+  ns.reserved_page_rows -= r.page_rows.size();
+  ns.reserved_snapshot_rows -= r.snapshot_rows.size();
+  ns.reservations.erase(it);
+  if (!s1.ok()) return absl::InternalError(s1.message());
+  if (!s2.ok()) return absl::InternalError(s2.message());
+  return absl::OkStatus();
+}
+
+absl::Status TierCore::Release(const v1::ReleaseRequest& req,
+                               v1::ReleaseResponse*) {
+  uint32_t rank = 0;
+  auto ns_or = Resolve(req.api_version(), req.session_id(),
+                       req.namespace_id(), &rank);
+  if (!ns_or.ok()) return ns_or.status();
+  Namespace& ns = **ns_or;
+  absl::MutexLock lock(&ns.mu);
+  auto it = ns.leases.find(req.lease_id());
+  if (it == ns.leases.end() || it->second.session != req.session_id()) {
+    return absl::NotFoundError(
+        absl::StrCat("lease_id: no lease ", req.lease_id(),
+                     " of this session in namespace '", ns.name, "'"));
+  }
+  absl::Status s = ns.index->Unpin(it->second.node);
+  ns.leases.erase(it);
+  if (!s.ok()) return absl::InternalError(s.message());
+  return absl::OkStatus();
+}
+
+absl::Status TierCore::Drop(const v1::DropRequest& req,
+                            v1::DropResponse* resp) {
+  if (absl::Status s = CheckVersion(req.api_version()); !s.ok()) return s;
+  if (absl::Status s = ValidateNamespaceName(req.namespace_()); !s.ok()) {
+    return s;
+  }
+  std::shared_ptr<Namespace> ns;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = by_name_.find(req.namespace_());
+    if (it == by_name_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("namespace: no namespace '", req.namespace_(), "'"));
+    }
+    ns = it->second;
+    if (!req.hash().empty()) {
+      HashKey key;
+      if (absl::Status s = ParseOneHash(req.hash(), ns->hash_bytes, "hash", &key);
+          !s.ok()) {
+        return s;
+      }
+      absl::MutexLock ns_lock(&ns->mu);
+      auto dropped = ns->index->DropSubtree(key);
+      if (!dropped.ok()) return dropped.status();
+      resp->set_dropped_pages(dropped->pages);
+      resp->set_dropped_snapshots(dropped->snapshots);
+      return absl::OkStatus();
+    }
+    {
+      absl::MutexLock ns_lock(&ns->mu);
+      if (!ns->sessions.empty() && !req.force()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "namespace '", req.namespace_(), "' has ", ns->sessions.size(),
+            " attached sessions; pass force to drop it anyway"));
+      }
+      PrefixIndex::Usage u = ns->index->GetUsage();
+      resp->set_dropped_pages(u.nodes);
+      resp->set_dropped_snapshots(u.snapshots);
+      ns->leases.clear();
+      ns->reservations.clear();
+      ns->reserved_page_rows = 0;
+      ns->reserved_snapshot_rows = 0;
+      ns->index->Clear();
+      for (const auto& [sid, rank] : ns->sessions) {
+        auto s = sessions_.find(sid);
+        if (s != sessions_.end()) s->second.attached.erase(ns->id);
+      }
+      ns->sessions.clear();
+    }
+    by_name_.erase(ns->name);
+    by_id_.erase(ns->id);
+  }
+  for (const auto& rank : ns->segment_info) {
+    for (const auto& seg : rank) {
+      if (absl::Status s = shm::Segment::Unlink(seg.path()); !s.ok()) {
+        SPDLOG_WARN("dropping '{}': {}", ns->name, s.ToString());
+      }
+    }
+  }
+  SPDLOG_INFO("namespace '{}' dropped ({} pages)", ns->name,
+              resp->dropped_pages());
+  return absl::OkStatus();
+}
+
+void TierCore::FillNamespaceInfo(Namespace& ns, v1::NamespaceInfo* info) {
+  absl::MutexLock lock(&ns.mu);
+  PrefixIndex::Usage u = ns.index->GetUsage();
+  info->set_namespace_id(ns.id);
+  info->set_name(ns.name);
+  *info->mutable_layout() = ns.layout;
+  info->set_pages(u.nodes);
+  info->set_snapshots(u.snapshots);
+  info->set_prefixes(u.leaves);
+  info->set_sessions(ns.sessions.size());
+  info->set_lookups(ns.lookups);
+  info->set_hit_pages(ns.hit_pages);
+  info->set_miss_pages(ns.miss_pages);
+  info->set_committed_pages(ns.committed_pages);
+  info->set_evicted_pages(u.evicted_pages);
+  info->set_evicted_snapshots(u.evicted_snapshots);
+  info->set_max_replay_tokens(ns.max_replay_tokens);
+  info->set_leases(ns.leases.size());
+  info->set_reservations(ns.reservations.size());
+  absl::flat_hash_map<uint32_t, uint64_t> reserved_pages, reserved_snaps;
+  for (const auto& [id, r] : ns.reservations) {
+    reserved_pages[r.rank] += r.page_rows.size();
+    reserved_snaps[r.rank] += r.snapshot_rows.size();
+  }
+  for (uint32_t rank = 0; rank < ns.stored_ranks; ++rank) {
+    for (const auto& seg : ns.segment_info[rank]) {
+      v1::BankUsage* b = info->add_banks();
+      const bool snap = seg.bank() == "snapshot";
+      const uint64_t free_rows =
+          snap ? u.free_snapshot_rows[rank] : u.free_page_rows[rank];
+      const uint64_t reserved =
+          snap ? reserved_snaps[rank] : reserved_pages[rank];
+      b->set_bank(seg.bank());
+      b->set_rank(rank);
+      b->set_rows(seg.rows());
+      b->set_free_rows(free_rows);
+      b->set_reserved_rows(reserved);
+      b->set_used_rows(seg.rows() - free_rows - reserved);
+      b->set_row_bytes(seg.row_bytes());
+      b->set_path(seg.path());
+      b->set_huge_pages(seg.huge_pages());
+    }
+  }
+}
+
+absl::Status TierCore::Stats(const v1::StatsRequest& req,
+                             v1::StatsResponse* resp) {
+  if (absl::Status s = CheckVersion(req.api_version()); !s.ok()) return s;
+  std::vector<std::shared_ptr<Namespace>> all;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    resp->set_sessions(sessions_.size());
+    for (const auto& [name, ns] : by_name_) all.push_back(ns);
+  }
+  std::sort(all.begin(), all.end(),
+            [](const auto& a, const auto& b) { return a->name < b->name; });
+  resp->set_version(KVTIER_VERSION);
+  resp->set_uptime_seconds(absl::ToInt64Seconds(absl::Now() - started_));
+  for (auto& ns : all) FillNamespaceInfo(*ns, resp->add_namespaces());
+  return absl::OkStatus();
+}
+
+absl::Status TierCore::ListNamespaces(const v1::ListNamespacesRequest& req,
+                                      v1::ListNamespacesResponse* resp) {
+  v1::StatsResponse stats;
+  if (absl::Status s = Stats(v1::StatsRequest(), &stats); !s.ok()) return s;
+  if (absl::Status s = CheckVersion(req.api_version()); !s.ok()) return s;
+  resp->mutable_namespaces()->Swap(stats.mutable_namespaces());
+  return absl::OkStatus();
+}
+
+absl::Status TierCore::ListPrefixes(const v1::ListPrefixesRequest& req,
+                                    v1::ListPrefixesResponse* resp) {
+  if (absl::Status s = CheckVersion(req.api_version()); !s.ok()) return s;
+  if (absl::Status s = ValidateNamespaceName(req.namespace_()); !s.ok()) {
+    return s;
+  }
+  if (!v1::ListPrefixesRequest::Order_IsValid(req.order())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "order: unknown value ", static_cast<int>(req.order())));
+  }
+  if (req.limit() > 10000) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("limit: at most 10000, got ", req.limit()));
+  }
+  std::shared_ptr<Namespace> ns;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    auto it = by_name_.find(req.namespace_());
+    if (it == by_name_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("namespace: no namespace '", req.namespace_(), "'"));
+    }
+    ns = it->second;
+  }
+  const size_t limit = req.limit() == 0 ? 100 : req.limit();
+  absl::MutexLock lock(&ns->mu);
+  uint64_t total = 0;
+  auto prefixes = ns->index->ListPrefixes(
+      req.order() == v1::ListPrefixesRequest::ORDER_RECENT, limit, &total);
+  resp->set_total_prefixes(total);
+  for (const auto& p : prefixes) {
+    v1::PrefixInfo* info = resp->add_prefixes();
+    info->set_leaf_hash(std::string(
+        reinterpret_cast<const char*>(p.leaf.bytes.data()), ns->hash_bytes));
+    info->set_pages(p.pages);
+    info->set_tokens(uint64_t{p.pages} * ns->layout.tokens_per_page());
+    info->set_snapshots(p.snapshots);
+    info->set_last_use_unix_ms(p.last_use_unix_ms);
+    info->set_pins(p.pins);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TierCore::CheckInvariants() {
+  std::vector<std::shared_ptr<Namespace>> all;
+  absl::flat_hash_map<uint64_t, bool> live;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [name, ns] : by_name_) all.push_back(ns);
+    for (const auto& [id, s] : sessions_) live[id] = true;
+  }
+  for (auto& ns : all) {
+    absl::MutexLock lock(&ns->mu);
+    if (absl::Status s = ns->index->CheckInvariants(); !s.ok()) {
+      return absl::InternalError(
+          absl::StrCat("namespace '", ns->name, "': ", s.message()));
+    }
+    PrefixIndex::Usage u = ns->index->GetUsage();
+    for (uint32_t rank = 0; rank < ns->stored_ranks; ++rank) {
+      uint64_t reserved_pages = 0, reserved_snaps = 0;
+      for (const auto& [id, r] : ns->reservations) {
+        if (r.rank != rank) continue;
+        reserved_pages += r.page_rows.size();
+        reserved_snaps += r.snapshot_rows.size();
+      }
+      if (u.allocated_page_rows[rank] != reserved_pages) {
+        return absl::InternalError(absl::StrCat(
+            "namespace '", ns->name, "' rank ", rank, ": index holds ",
+            u.allocated_page_rows[rank],
+            " allocated uncommitted page rows, reservations hold ",
+            reserved_pages));
+      }
+      if (u.allocated_snapshot_rows[rank] != reserved_snaps) {
+        return absl::InternalError(absl::StrCat(
+            "namespace '", ns->name, "' rank ", rank, ": index holds ",
+            u.allocated_snapshot_rows[rank],
+            " allocated uncommitted snapshot rows, reservations hold ",
+            reserved_snaps));
+      }
+    }
+    for (const auto& [id, r] : ns->reservations) {
+      if (!live.contains(r.session)) {
+        return absl::InternalError(absl::StrCat(
+            "namespace '", ns->name, "': reservation ", id,
+            " belongs to closed session ", r.session));
+      }
+    }
+    for (const auto& [id, l] : ns->leases) {
+      if (!live.contains(l.session)) {
+        return absl::InternalError(absl::StrCat(
+            "namespace '", ns->name, "': lease ", id,
+            " belongs to closed session ", l.session));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+size_t TierCore::session_count() {
+  absl::ReaderMutexLock lock(&mu_);
+  return sessions_.size();
+}
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,138 @@
+// TierService: the gRPC adapter over TierCore (callback API).
+#include "daemon/tier_service.h"
+
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/grpc_status.h"
+#include "spdlog/spdlog.h"
+
+namespace kvtier::daemon {
+namespace {
+
+// One engine process's Session stream. gRPC serialises neither reads against
+// writes nor OnDone against them, so the few fields shared between the
+// reactions are guarded by mu_.
+class SessionReactor
+    : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent> {
+ public:
+  explicit SessionReactor(TierCore* core) : core_(core) {
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // Client closed its side, died, or the server is stopping.
+      FinishOnce(grpc::Status::OK);
+      return;
+    }
+    if (request_.api_version() > kApiVersion) {
+      FinishOnce(grpc::Status(
+          grpc::StatusCode::FAILED_PRECONDITION,
+          absl::StrCat("api_version: daemon speaks ", kApiVersion)));
+      return;
+    }
+    switch (request_.kind_case()) {
+      case v1::SessionRequest::kHello: {
+        grpc::Status error;
+        {
+          absl::MutexLock lock(&mu_);
+          if (session_id_ != 0) {
+            error = grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                 "hello: sent twice on one session");
+          } else {
+            PeerInfo peer;
+            peer.pid = static_cast<pid_t>(request_.hello().pid());
+            auto id = core_->OpenSession(request_.hello(), peer);
+            if (id.ok()) {
+              session_id_ = *id;
+              event_.mutable_opened()->set_session_id(*id);
+            } else {
+              error = ToGrpcStatus(id.status());
+            }
+          }
+        }
+        if (!error.ok()) {
+          FinishOnce(error);
+          return;
+        }
+        StartWrite(&event_);
+        break;
+      }
+      case v1::SessionRequest::kHeartbeat:
+        break;
+      default:
+        FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                "session request: neither hello nor "
+                                "heartbeat"));
+        return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnWriteDone(bool /*ok*/) override {}
+
+  void OnDone() override {
+    uint64_t id;
+    {
+      absl::MutexLock lock(&mu_);
+      id = session_id_;
+    }
+    if (id != 0) core_->CloseSession(id);
+    delete this;
+  }
+
+ private:
+  void FinishOnce(const grpc::Status& status) {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    finished_ = true;
+    Finish(status);
+  }
+
+  TierCore* const core_;
+  v1::SessionRequest request_;  // Only touched by the read chain.
+  v1::SessionEvent event_;      // Written once, before its StartWrite.
+  absl::Mutex mu_;
+  uint64_t session_id_ ABSL_GUARDED_BY(mu_) = 0;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+template <typename Req, typename Resp>
+grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context,
+                                absl::Status status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(status));
+  return reactor;
+}
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>*
+TierService::Session(grpc::CallbackServerContext* /*context*/) {
+  return new SessionReactor(core_);
+}
+
+#define KVTIER_UNARY(Method)                                                \
+  grpc::ServerUnaryReactor* TierService::Method(                           \
+      grpc::CallbackServerContext* context, const v1::Method##Request* req, \
+      v1::Method##Response* resp) {                                         \
+    return Unary<v1::Method##Request, v1::Method##Response>(                \
+        context, core_->Method(*req, resp));                                \
+  }
+
+KVTIER_UNARY(Attach)
+KVTIER_UNARY(Lookup)
+KVTIER_UNARY(Reserve)
+KVTIER_UNARY(Commit)
+KVTIER_UNARY(Abort)
+KVTIER_UNARY(Release)
+KVTIER_UNARY(Drop)
+KVTIER_UNARY(Stats)
+KVTIER_UNARY(ListNamespaces)
+KVTIER_UNARY(ListPrefixes)
+
+#undef KVTIER_UNARY
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,64 @@
+// TierService: the gRPC adapter over TierCore (callback API).
+//
+// Unary handlers run TierCore's method inline on the gRPC callback thread and
+// finish at once: no thread hand-off on the lookup path. The Session stream
+// opens a TierCore session on Hello and closes it when the stream ends for
+// any reason (client exit, client killed, connection lost, server shutdown),
+// so a dead engine's pins and reservations are released at once.
+//
+// Thread-safety: thread-safe; gRPC calls it from many threads.
+#ifndef KVTIER_DAEMON_TIER_SERVICE_H_
+#define KVTIER_DAEMON_TIER_SERVICE_H_
+
+#include "daemon/tier_core.h"
+#include "kvtier/v1/tier.grpc.pb.h"
+
+namespace kvtier::daemon {
+
+class TierService final : public v1::TierService::CallbackService {
+ public:
+  // REQUIRES: `core` outlives this service.
+  explicit TierService(TierCore* core) : core_(core) {}
+
+  grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>* Session(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* Attach(grpc::CallbackServerContext* context,
+                                   const v1::AttachRequest* request,
+                                   v1::AttachResponse* response) override;
+  grpc::ServerUnaryReactor* Lookup(grpc::CallbackServerContext* context,
+                                   const v1::LookupRequest* request,
+                                   v1::LookupResponse* response) override;
+  grpc::ServerUnaryReactor* Reserve(grpc::CallbackServerContext* context,
+                                    const v1::ReserveRequest* request,
+                                    v1::ReserveResponse* response) override;
+  grpc::ServerUnaryReactor* Commit(grpc::CallbackServerContext* context,
+                                   const v1::CommitRequest* request,
+                                   v1::CommitResponse* response) override;
+  grpc::ServerUnaryReactor* Abort(grpc::CallbackServerContext* context,
+                                  const v1::AbortRequest* request,
+                                  v1::AbortResponse* response) override;
+  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
+                                    const v1::ReleaseRequest* request,
+                                    v1::ReleaseResponse* response) override;
+  grpc::ServerUnaryReactor* Drop(grpc::CallbackServerContext* context,
+                                 const v1::DropRequest* request,
+                                 v1::DropResponse* response) override;
+  grpc::ServerUnaryReactor* Stats(grpc::CallbackServerContext* context,
+                                  const v1::StatsRequest* request,
+                                  v1::StatsResponse* response) override;
+  grpc::ServerUnaryReactor* ListNamespaces(
+      grpc::CallbackServerContext* context,
+      const v1::ListNamespacesRequest* request,
+      v1::ListNamespacesResponse* response) override;
+  grpc::ServerUnaryReactor* ListPrefixes(
+      grpc::CallbackServerContext* context,
+      const v1::ListPrefixesRequest* request,
+      v1::ListPrefixesResponse* response) override;
+
+ private:
+  TierCore* const core_;
+};
+
+}  // namespace kvtier::daemon
+
+#endif  // KVTIER_DAEMON_TIER_SERVICE_H_

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the Debian packages kvtier builds and tests with, only those missing.
+# Used by `make deps` (and so by `make run` and `make test`). Needs root or sudo
+# when something is missing; does nothing at all when everything is present.
+set -euo pipefail
+pkgs=(
+  cmake make g++ pkg-config
+  libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  libabsl-dev libboost-dev libspdlog-dev libfmt-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libssl-dev libxxhash-dev libsystemd-dev
+  python3
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+sudo=""
+[ "$(id -u)" -eq 0 ] || sudo="sudo"
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,81 @@
+// DaemonProcess: starts a real kvtierd for multi-process tests, in its own
+// temporary folder (socket and /dev/shm segments), and stops or kills it.
+// Also runs helper programs and collects their exit status and output.
+//
+// Thread-safety: not thread-safe; one test thread drives it.
+#ifndef KVTIER_TESTS_DAEMON_PROCESS_H_
+#define KVTIER_TESTS_DAEMON_PROCESS_H_
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace kvtier::testing {
+
+// A child process whose stdout is captured through a pipe.
+class Child {
+ public:
+  // Starts `argv` (argv[0] is a path). REQUIRES: argv non-empty.
+  static absl::StatusOr<Child> Spawn(const std::vector<std::string>& argv);
+  Child(Child&& o) noexcept;
+  Child& operator=(Child&&) = delete;
+  ~Child();  // Kills and reaps a child still running.
+
+  pid_t pid() const { return pid_; }
+  // Reads stdout until a line equal to `line` arrives; DEADLINE_EXCEEDED or
+  // NOT_FOUND (the child exited first).
+  absl::Status WaitForLine(const std::string& line, absl::Duration timeout);
+  // Waits for exit; returns the exit code (128+signal when killed).
+  absl::StatusOr<int> Wait(absl::Duration timeout);
+  void Signal(int sig);
+  // Everything read from stdout so far.
+  const std::string& output() const { return output_; }
+
+ private:
+  Child(pid_t pid, int out_fd) : pid_(pid), out_fd_(out_fd) {}
+  bool ReadSome(absl::Duration timeout);
+  pid_t pid_ = -1;
+  int out_fd_ = -1;
+  std::string output_;
+  bool reaped_ = false;
+};
+
+// Returns the path of a program of this build: `compiled` (an absolute path
+// baked in at build time) when it exists, else `relative` (from the build
+// root, e.g. "daemon/kvtierd") found by walking up from this executable's
+// folder — so a build copied elsewhere (the GPU machine's bundle) works.
+std::string ResolveProgram(const std::string& compiled,
+                           const std::string& relative);
+
+class DaemonProcess {
+ public:
+  DaemonProcess();
+  ~DaemonProcess();  // Kills the daemon, removes its folder and segments.
+
+  // Starts kvtierd with the test folder's socket and shm dir plus `extra`
+  // flags; returns once the socket accepts connections.
+  absl::Status Start(const std::vector<std::string>& extra = {});
+  // SIGTERM and wait.
+  absl::Status Stop();
+  // SIGKILL and wait.
+  void Kill();
+
+  const std::string& socket() const { return socket_; }
+  const std::string& shm_dir() const { return shm_dir_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  std::string shm_dir_;
+  std::string socket_;
+  std::unique_ptr<Child> child_;
+};
+
+}  // namespace kvtier::testing
+
+#endif  // KVTIER_TESTS_DAEMON_PROCESS_H_

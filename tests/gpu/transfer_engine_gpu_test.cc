@@ -1,0 +1,632 @@
+// GPU tests of TransferEngine's CUDA backend. Every test runs the same
+// transfers on the CUDA backend (pool in cudaMalloc memory, host banks mmap'd
+// and registered with cudaHostRegister as mapped, reached over UVA) and on
+// the reference backend (pool and banks in host memory, same layout, same
+// initial bytes), then compares banks and pools bit for bit. Each test skips
+// where no CUDA device is present.
+
+#include <cuda_runtime_api.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "client/transfer_engine.h"
+#include "client/transfer_plan.h"
+#include "gtest/gtest.h"
+#include "kvtier/pool.h"
+
+namespace kvtier::client {
+namespace {
+
+bool HasDevice() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return n > 0;
+}
+
+#define SKIP_WITHOUT_DEVICE()                                   \
+  do {                                                          \
+    if (!HasDevice()) GTEST_SKIP() << "no CUDA device present"; \
+  } while (0)
+
+#define ASSERT_CUDA(expr)                                                      \
+  do {                                                                         \
+    const cudaError_t err_ = (expr);                                           \
+    ASSERT_EQ(err_, cudaSuccess) << #expr << ": " << cudaGetErrorString(err_); \
+  } while (0)
+
+uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+// splitmix64: fast enough to fill GiBs of test data.
+void FillRandom(uint8_t* p, size_t n, uint64_t seed) {
+  uint64_t x = seed;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t z = (x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    std::memcpy(p + i, &z, 8);
+  }
+  for (; i < n; ++i) p[i] = static_cast<uint8_t>(i * 131 + seed);
+}
+
+class HostMem {
+ public:
+  HostMem() = default;
+  explicit HostMem(size_t bytes)
+      : bytes_(bytes),
+        p_(static_cast<uint8_t*>(
+            std::aligned_alloc(4096, RoundUp(bytes, 4096)))) {}
+  uint8_t* data() const { return p_.get(); }
+  size_t size() const { return bytes_; }
+
+ private:
+  struct Free {
+    void operator()(uint8_t* p) const { std::free(p); }
+  };
+  size_t bytes_ = 0;
+  std::unique_ptr<uint8_t, Free> p_;
+};
+
+class DeviceMem {
+ public:
+  DeviceMem() = default;
+  DeviceMem(const DeviceMem&) = delete;
+  DeviceMem& operator=(const DeviceMem&) = delete;
+  ~DeviceMem() {
+    if (p_ != nullptr) cudaFree(p_);
+  }
+  cudaError_t Allocate(size_t bytes) { return cudaMalloc(&p_, bytes); }
+  uint8_t* data() const { return static_cast<uint8_t*>(p_); }
+
+ private:
+  void* p_ = nullptr;
+};
+
+// A host bank as libkvtier maps one: an mmap'd region registered with CUDA
+// as mapped and portable, used through its device pointer.
+class RegisteredBank {
+ public:
+  RegisteredBank() = default;
+  RegisteredBank(const RegisteredBank&) = delete;
+  RegisteredBank& operator=(const RegisteredBank&) = delete;
+  ~RegisteredBank() {
+    if (registered_) cudaHostUnregister(host_);
+    if (host_ != nullptr) munmap(host_, bytes_);
+  }
+  cudaError_t Map(size_t bytes) {
+    bytes_ = RoundUp(bytes, 4096);
+    void* p = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (p == MAP_FAILED) return cudaErrorMemoryAllocation;
+    host_ = static_cast<uint8_t*>(p);
+    cudaError_t err = cudaHostRegister(
+        host_, bytes_, cudaHostRegisterMapped | cudaHostRegisterPortable);
+    if (err != cudaSuccess) return err;
+    registered_ = true;
+    void* dev = nullptr;
+    err = cudaHostGetDevicePointer(&dev, host_, 0);
+    device_ = static_cast<uint8_t*>(dev);
+    return err;
+  }
+  uint8_t* host() const { return host_; }
+  uint8_t* device() const { return device_; }
+
+ private:
+  size_t bytes_ = 0;
+  uint8_t* host_ = nullptr;
+  uint8_t* device_ = nullptr;
+  bool registered_ = false;
+};
+
+struct TensorSpec {
+  uint64_t bytes;
+  uint64_t stride;  // ignored for page-major pools
+};
+struct BankSpec {
+  std::string name;
+  std::vector<TensorSpec> tensors;
+};
+
+// bf16: 32 layers x (K, V), 16 tokens x 8 KV heads x 128 dims x 2 bytes =
+// 32 KiB per tensor per page, 2 MiB per row.
+std::vector<BankSpec> Bf16Layout(int layers) {
+  BankSpec kv{"kv", {}};
+  for (int i = 0; i < 2 * layers; ++i) kv.tensors.push_back({32768, 32768});
+  return {kv};
+}
+
+// fp8 K/V (16 KiB per tensor per page) and a "scale" bank of per-token fp32
+// scales (16 tokens x 4 bytes) per layer and K/V.
+std::vector<BankSpec> Fp8Layout(int layers) {
+  BankSpec kv{"kv", {}};
+  BankSpec scale{"scale", {}};
+  for (int i = 0; i < 2 * layers; ++i) {
+    kv.tensors.push_back({16384, 16384});
+    scale.tensors.push_back({64, 64});
+  }
+  return {kv, scale};
+}
+
+// Odd sizes: rows of 194 and 3 bytes; tensors at odd offsets of the row
+// take the 4-byte and byte paths of the kernel.
+std::vector<BankSpec> OddLayout() {
+  return {
+      BankSpec{"kv", {{100, 112}, {37, 48}, {7, 16}, {50, 64}, {40000, 40000}}},
+      BankSpec{"scale", {{3, 16}}}};
+}
+
+// Two recurrent layers: 32 heads x 128 x 128 fp32 state (2 MiB) and an
+// odd-sized conv state each.
+std::vector<TensorSpec> SnapshotLayout() {
+  return {
+      {2 << 20, 2 << 20}, {12300, 12304}, {2 << 20, 2 << 20}, {12300, 12304}};
+}
+
+struct Options {
+  uint64_t num_pages = 0;
+  uint64_t rows = 0;
+  // Page-major pool: every tensor shares one page stride (all of a page's
+  // tensors side by side), so page offsets exceed 4 GiB in big pools.
+  bool page_major = false;
+  std::vector<TensorSpec> snapshot;
+  uint64_t slots = 0;
+  uint64_t snapshot_rows = 0;
+};
+
+Options PoolOf(uint64_t num_pages, uint64_t rows, bool page_major = false) {
+  Options o;
+  o.num_pages = num_pages;
+  o.rows = rows;
+  o.page_major = page_major;
+  return o;
+}
+
+// The same pool and banks twice: on the device (CUDA backend) and in host
+// memory (reference backend), with identical initial bytes.
+struct Twin {
+  std::vector<BankSpec> spec;
+  Options opt;
+  uint64_t pool_bytes = 0;
+  GpuPoolDescriptor layout;  // addresses relative to the pool start
+  std::vector<uint64_t> row_bytes, row_stride;
+  uint64_t snapshot_row_bytes = 0, snapshot_row_stride = 0;
+
+  DeviceMem dpool;
+  HostMem mirror;
+  std::vector<std::unique_ptr<RegisteredBank>> dbanks;
+  std::vector<HostMem> rbanks;
+  RegisteredBank dsnap;
+  HostMem rsnap;
+  std::unique_ptr<TransferEngine> cuda, ref;
+  cudaStream_t stream = nullptr;
+
+  ~Twin() {
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+
+  static GpuPoolDescriptor Rebase(const GpuPoolDescriptor& d, uint64_t base) {
+    GpuPoolDescriptor out = d;
+    for (auto& b : out.banks) {
+      for (auto& t : b.tensors) t.base += base;
+    }
+    for (auto& t : out.snapshot) t.base += base;
+    return out;
+  }
+};
+
+void Build(const std::vector<BankSpec>& spec, const Options& opt, Twin* t) {
+  t->spec = spec;
+  t->opt = opt;
+  GpuPoolDescriptor& d = t->layout;
+  d.device = 0;
+  d.num_pages = opt.num_pages;
+  uint64_t offset = 0;
+  if (opt.page_major) {
+    uint64_t page = 0;
+    for (const BankSpec& b : spec) {
+      for (const TensorSpec& ts : b.tensors) page += RoundUp(ts.bytes, 16);
+    }
+    uint64_t in_page = 0;
+    for (const BankSpec& b : spec) {
+      BankPool bp{b.name, {}};
+      for (const TensorSpec& ts : b.tensors) {
+        bp.tensors.push_back(PoolTensor{in_page, page, ts.bytes});
+        in_page += RoundUp(ts.bytes, 16);
+      }
+      d.banks.push_back(bp);
+    }
+    offset = page * opt.num_pages;
+  } else {
+    for (const BankSpec& b : spec) {
+      BankPool bp{b.name, {}};
+      for (const TensorSpec& ts : b.tensors) {
+        bp.tensors.push_back(PoolTensor{offset, ts.stride, ts.bytes});
+        offset = RoundUp(offset + ts.stride * opt.num_pages, 256);
+      }
+      d.banks.push_back(bp);
+    }
+  }
+  for (const TensorSpec& ts : opt.snapshot) {
+    d.snapshot.push_back(PoolTensor{offset, ts.stride, ts.bytes});
+    offset = RoundUp(offset + ts.stride * opt.slots, 256);
+    t->snapshot_row_bytes += ts.bytes;
+  }
+  d.num_snapshot_slots = opt.slots;
+  t->pool_bytes = offset;
+  for (const BankSpec& b : spec) {
+    uint64_t sum = 0;
+    for (const TensorSpec& ts : b.tensors) sum += ts.bytes;
+    t->row_bytes.push_back(sum);
+    t->row_stride.push_back(RoundUp(sum, 16));
+  }
+  t->snapshot_row_stride = RoundUp(t->snapshot_row_bytes, 16);
+
+  // Pools: random bytes, identical on both sides (padding included).
+  ASSERT_CUDA(t->dpool.Allocate(t->pool_bytes));
+  t->mirror = HostMem(t->pool_bytes);
+  FillRandom(t->mirror.data(), t->pool_bytes, 1);
+  ASSERT_CUDA(cudaMemcpy(t->dpool.data(), t->mirror.data(), t->pool_bytes,
+                         cudaMemcpyHostToDevice));
+
+  // Banks: a fixed pattern on both sides, so untouched rows compare equal.
+  std::vector<NamedHostBank> dviews, rviews;
+  for (size_t b = 0; b < spec.size(); ++b) {
+    const uint64_t bytes = t->row_stride[b] * opt.rows;
+    t->dbanks.push_back(std::make_unique<RegisteredBank>());
+    ASSERT_CUDA(t->dbanks.back()->Map(bytes));
+    t->rbanks.emplace_back(bytes);
+    std::memset(t->dbanks.back()->host(), 0x5a, bytes);
+    std::memset(t->rbanks.back().data(), 0x5a, bytes);
+    dviews.push_back(
+        {spec[b].name,
+         HostBankView{reinterpret_cast<uint64_t>(t->dbanks.back()->device()),
+                      opt.rows, t->row_bytes[b], t->row_stride[b]}});
+    rviews.push_back(
+        {spec[b].name,
+         HostBankView{reinterpret_cast<uint64_t>(t->rbanks.back().data()),
+                      opt.rows, t->row_bytes[b], t->row_stride[b]}});
+  }
+  std::optional<HostBankView> dsnap, rsnap;
+  if (!opt.snapshot.empty()) {
+    const uint64_t bytes = t->snapshot_row_stride * opt.snapshot_rows;
+    ASSERT_CUDA(t->dsnap.Map(bytes));
+    t->rsnap = HostMem(bytes);
+    std::memset(t->dsnap.host(), 0x33, bytes);
+    std::memset(t->rsnap.data(), 0x33, bytes);
+    dsnap = HostBankView{reinterpret_cast<uint64_t>(t->dsnap.device()),
+                         opt.snapshot_rows, t->snapshot_row_bytes,
+                         t->snapshot_row_stride};
+    rsnap = HostBankView{reinterpret_cast<uint64_t>(t->rsnap.data()),
+                         opt.snapshot_rows, t->snapshot_row_bytes,
+                         t->snapshot_row_stride};
+  }
+
+  auto cuda = TransferEngine::Create(
+      Backend::kCuda,
+      Twin::Rebase(d, reinterpret_cast<uint64_t>(t->dpool.data())), dviews,
+      dsnap);
+  ASSERT_TRUE(cuda.ok()) << cuda.status();
+  t->cuda = *std::move(cuda);
+  auto ref = TransferEngine::Create(
+      Backend::kReference,
+      Twin::Rebase(d, reinterpret_cast<uint64_t>(t->mirror.data())), rviews,
+      rsnap);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  t->ref = *std::move(ref);
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&t->stream, cudaStreamNonBlocking));
+}
+
+// Compares n bytes; on a mismatch reports its offset (and row, if row_stride).
+void ExpectSameBytes(const uint8_t* got, const uint8_t* want, size_t n,
+                     const std::string& what, uint64_t row_stride = 0) {
+  if (std::memcmp(got, want, n) == 0) return;
+  size_t i = 0;
+  while (got[i] == want[i]) ++i;
+  ADD_FAILURE() << what << " differs at byte " << i
+                << (row_stride
+                        ? " (row " + std::to_string(i / row_stride) +
+                              ", offset " + std::to_string(i % row_stride) + ")"
+                        : std::string())
+                << ": got " << int{got[i]} << ", want " << int{want[i]};
+}
+
+void ExpectBanksMatch(const Twin& t) {
+  for (size_t b = 0; b < t.spec.size(); ++b) {
+    ExpectSameBytes(t.dbanks[b]->host(), t.rbanks[b].data(),
+                    t.row_stride[b] * t.opt.rows,
+                    "bank '" + t.spec[b].name + "'", t.row_stride[b]);
+  }
+  if (!t.opt.snapshot.empty()) {
+    ExpectSameBytes(t.dsnap.host(), t.rsnap.data(),
+                    t.snapshot_row_stride * t.opt.snapshot_rows,
+                    "snapshot bank", t.snapshot_row_stride);
+  }
+}
+
+void ExpectPoolsMatch(const Twin& t) {
+  constexpr size_t kChunk = 256 << 20;
+  HostMem scratch(std::min<size_t>(kChunk, t.pool_bytes));
+  for (size_t off = 0; off < t.pool_bytes; off += kChunk) {
+    const size_t n = std::min<size_t>(kChunk, t.pool_bytes - off);
+    ASSERT_CUDA(cudaMemcpy(scratch.data(), t.dpool.data() + off, n,
+                           cudaMemcpyDeviceToHost));
+    ExpectSameBytes(scratch.data(), t.mirror.data() + off, n,
+                    "pool bytes from offset " + std::to_string(off));
+  }
+}
+
+std::vector<uint32_t> Shuffled(uint32_t below, uint32_t seed) {
+  std::vector<uint32_t> v(below);
+  std::iota(v.begin(), v.end(), 0);
+  std::mt19937 rng(seed);
+  std::shuffle(v.begin(), v.end(), rng);
+  return v;
+}
+
+// Evicts n random pages to random rows and rehydrates the rows into a
+// disjoint page set, on both backends, comparing after each step.
+void RoundTrip(const std::vector<BankSpec>& spec, Options opt, uint32_t n) {
+  Twin t;
+  ASSERT_NO_FATAL_FAILURE(Build(spec, opt, &t));
+  const std::vector<uint32_t> pages =
+      Shuffled(static_cast<uint32_t>(opt.num_pages), 11);
+  const std::vector<uint32_t> src(pages.begin(), pages.begin() + n);
+  const std::vector<uint32_t> dst(pages.begin() + n, pages.begin() + 2 * n);
+  std::vector<uint32_t> rows = Shuffled(static_cast<uint32_t>(opt.rows), 12);
+  rows.resize(n);
+
+  ASSERT_TRUE(t.cuda->Evict(src, rows, t.stream).ok());
+  ASSERT_TRUE(t.ref->Evict(src, rows, nullptr).ok());
+  ASSERT_CUDA(cudaStreamSynchronize(t.stream));
+  ExpectBanksMatch(t);
+
+  ASSERT_TRUE(t.cuda->Rehydrate(dst, rows, t.stream).ok());
+  ASSERT_TRUE(t.ref->Rehydrate(dst, rows, nullptr).ok());
+  ASSERT_CUDA(cudaStreamSynchronize(t.stream));
+  ExpectPoolsMatch(t);
+  EXPECT_EQ(t.cuda->slices_launched(), 2 * TransferPlan::NumSlices(n));
+
+  // A bad call enqueues nothing.
+  rows[n - 1] = static_cast<uint32_t>(opt.rows);
+  absl::Status st = t.cuda->Evict(src, rows, t.stream);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t.cuda->slices_launched(), 2 * TransferPlan::NumSlices(n));
+  ASSERT_CUDA(cudaStreamSynchronize(t.stream));
+  ExpectBanksMatch(t);
+}
+
+TEST(TransferEngineGpu, Bf16RoundTripMatchesReference) {
+  SKIP_WITHOUT_DEVICE();
+  RoundTrip(Bf16Layout(32), PoolOf(320, 200), 150);
+}
+
+TEST(TransferEngineGpu, Fp8WithScaleBankRoundTripMatchesReference) {
+  SKIP_WITHOUT_DEVICE();
+  RoundTrip(Fp8Layout(32), PoolOf(320, 200), 150);
+}
+
+TEST(TransferEngineGpu, OddRowSizesRoundTripMatchesReference) {
+  SKIP_WITHOUT_DEVICE();
+  RoundTrip(OddLayout(), PoolOf(4096, 2048), 1500);
+}
+
+TEST(TransferEngineGpu, PageMajorPoolRoundTripMatchesReference) {
+  SKIP_WITHOUT_DEVICE();
+  RoundTrip(Fp8Layout(4), PoolOf(512, 256, /*page_major=*/true), 200);
+}
+
+// A 2,000-page prefix of random pages of a 4 GiB page-major pool (page
+// offsets beyond 4 GiB) evicted and rehydrated with no extra device memory
+// beyond 128 pages' worth.
+TEST(TransferEngineGpu, TwoThousandRandomPagesOfFourGiBPoolInBoundedMemory) {
+  SKIP_WITHOUT_DEVICE();
+  Twin t;
+  ASSERT_NO_FATAL_FAILURE(
+      Build(Bf16Layout(32), PoolOf(2048, 2000, /*page_major=*/true), &t));
+  ASSERT_GE(t.pool_bytes, 4ull << 30);
+  const uint64_t page_bytes = t.row_bytes[0];
+  const std::vector<uint32_t> src = [] {
+    auto v = Shuffled(2048, 21);
+    v.resize(2000);
+    return v;
+  }();
+  const std::vector<uint32_t> dst = [] {
+    auto v = Shuffled(2048, 22);
+    v.resize(2000);
+    return v;
+  }();
+  const std::vector<uint32_t> rows = Shuffled(2000, 23);
+
+  auto extra_bytes = [&](auto&& enqueue) -> int64_t {
+    size_t free0 = 0, free1 = 0, free2 = 0, total = 0;
+    EXPECT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
+    enqueue();
+    EXPECT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);  // in flight
+    EXPECT_EQ(cudaStreamSynchronize(t.stream), cudaSuccess);
+    EXPECT_EQ(cudaMemGetInfo(&free2, &total), cudaSuccess);
+    return static_cast<int64_t>(free0) -
+           static_cast<int64_t>(std::min(free1, free2));
+  };
+  const int64_t evict_extra = extra_bytes(
+      [&] { ASSERT_TRUE(t.cuda->Evict(src, rows, t.stream).ok()); });
+  EXPECT_EQ(t.cuda->slices_launched(), 16u);
+  ASSERT_TRUE(t.ref->Evict(src, rows, nullptr).ok());
+  ExpectBanksMatch(t);
+
+  const int64_t rehydrate_extra = extra_bytes(
+      [&] { ASSERT_TRUE(t.cuda->Rehydrate(dst, rows, t.stream).ok()); });
+  EXPECT_EQ(t.cuda->slices_launched(), 32u);
+  ASSERT_TRUE(t.ref->Rehydrate(dst, rows, nullptr).ok());
+  ExpectPoolsMatch(t);
+
+  std::printf(
+      "extra device memory: evict %lld bytes, rehydrate %lld bytes "
+      "(bound: 128 pages = %llu bytes)\n",
+      static_cast<long long>(evict_extra),
+      static_cast<long long>(rehydrate_extra),
+      static_cast<unsigned long long>(128 * page_bytes));
+  EXPECT_LE(evict_extra, static_cast<int64_t>(128 * page_bytes));
+  EXPECT_LE(rehydrate_extra, static_cast<int64_t>(128 * page_bytes));
+}
+
+TEST(TransferEngineGpu, EvictAndRehydrateCaptureInACudaGraph) {
+  SKIP_WITHOUT_DEVICE();
+  Twin t;
+  ASSERT_NO_FATAL_FAILURE(Build(Fp8Layout(8), PoolOf(1024, 512), &t));
+  const std::vector<uint32_t> pages = Shuffled(1024, 31);
+  const std::vector<uint32_t> src(pages.begin(), pages.begin() + 300);
+  const std::vector<uint32_t> dst(pages.begin() + 300, pages.begin() + 600);
+  std::vector<uint32_t> rows = Shuffled(512, 32);
+  rows.resize(300);
+
+  auto capture = [&](bool evict, cudaGraph_t* graph) {
+    ASSERT_CUDA(cudaStreamBeginCapture(t.stream, cudaStreamCaptureModeGlobal));
+    const absl::Status st = evict ? t.cuda->Evict(src, rows, t.stream)
+                                  : t.cuda->Rehydrate(dst, rows, t.stream);
+    ASSERT_CUDA(cudaStreamEndCapture(t.stream, graph));
+    ASSERT_TRUE(st.ok()) << st;
+    size_t nodes = 0;
+    ASSERT_CUDA(cudaGraphGetNodes(*graph, nullptr, &nodes));
+    EXPECT_EQ(nodes, 3u);  // 300 pages = 3 slices = 3 kernel nodes
+  };
+  cudaGraph_t evict_graph = nullptr, rehydrate_graph = nullptr;
+  ASSERT_NO_FATAL_FAILURE(capture(true, &evict_graph));
+  ASSERT_NO_FATAL_FAILURE(capture(false, &rehydrate_graph));
+  cudaGraphExec_t evict_exec = nullptr, rehydrate_exec = nullptr;
+  ASSERT_CUDA(cudaGraphInstantiate(&evict_exec, evict_graph, 0));
+  ASSERT_CUDA(cudaGraphInstantiate(&rehydrate_exec, rehydrate_graph, 0));
+  EXPECT_EQ(t.cuda->slices_launched(), 6u);
+
+  // Capturing ran nothing.
+  ASSERT_CUDA(cudaStreamSynchronize(t.stream));
+  ExpectBanksMatch(t);
+
+  ASSERT_CUDA(cudaGraphLaunch(evict_exec, t.stream));
+  ASSERT_CUDA(cudaStreamSynchronize(t.stream));
+  ASSERT_TRUE(t.ref->Evict(src, rows, nullptr).ok());
+  ExpectBanksMatch(t);
+
+  // New pool contents; a replay copies the new bytes.
+  FillRandom(t.mirror.data(), t.pool_bytes, 2);
+  ASSERT_CUDA(cudaMemcpy(t.dpool.data(), t.mirror.data(), t.pool_bytes,
+                         cudaMemcpyHostToDevice));
+  ASSERT_CUDA(cudaGraphLaunch(evict_exec, t.stream));
+  ASSERT_CUDA(cudaGraphLaunch(rehydrate_exec, t.stream));
+  ASSERT_CUDA(cudaStreamSynchronize(t.stream));
+  ASSERT_TRUE(t.ref->Evict(src, rows, nullptr).ok());
+  ASSERT_TRUE(t.ref->Rehydrate(dst, rows, nullptr).ok());
+  ExpectBanksMatch(t);
+  ExpectPoolsMatch(t);
+  EXPECT_EQ(t.cuda->slices_launched(), 6u);
+
+  cudaGraphExecDestroy(evict_exec);
+  cudaGraphExecDestroy(rehydrate_exec);
+  cudaGraphDestroy(evict_graph);
+  cudaGraphDestroy(rehydrate_graph);
+}
+
+TEST(TransferEngineGpu, SnapshotSaveAndRestoreMatchReference) {
+  SKIP_WITHOUT_DEVICE();
+  Twin t;
+  Options opt = PoolOf(16, 8);
+  opt.snapshot = SnapshotLayout();
+  opt.slots = 4;
+  opt.snapshot_rows = 3;
+  ASSERT_NO_FATAL_FAILURE(Build(Fp8Layout(2), opt, &t));
+  for (TransferEngine* e : {t.cuda.get(), t.ref.get()}) {
+    void* stream = e == t.cuda.get() ? t.stream : nullptr;
+    ASSERT_TRUE(e->SaveSnapshot(2, 1, stream).ok());
+    ASSERT_TRUE(e->SaveSnapshot(3, 0, stream).ok());
+    ASSERT_TRUE(e->RestoreSnapshot(0, 1, stream).ok());
+    ASSERT_TRUE(e->RestoreSnapshot(1, 0, stream).ok());
+  }
+  ASSERT_CUDA(cudaStreamSynchronize(t.stream));
+  ExpectBanksMatch(t);
+  ExpectPoolsMatch(t);
+  EXPECT_EQ(t.cuda->slices_launched(), 4u);
+  // Slot 0 now holds slot 2's state, byte for byte.
+  const PoolTensor& seg = t.layout.snapshot[0];
+  ExpectSameBytes(t.mirror.data() + seg.base,
+                  t.mirror.data() + seg.base + 2 * seg.page_stride,
+                  seg.bytes_per_page, "slot 0 vs slot 2");
+}
+
+TEST(TransferEngineGpu, CreateRejectsMemoryTheDeviceCannotReach) {
+  SKIP_WITHOUT_DEVICE();
+  DeviceMem pool;
+  ASSERT_CUDA(pool.Allocate(1 << 20));
+  RegisteredBank bank;
+  ASSERT_CUDA(bank.Map(1 << 20));
+  HostMem plain(1 << 20);
+  const uint64_t dev = reinterpret_cast<uint64_t>(pool.data());
+  GpuPoolDescriptor d;
+  d.num_pages = 16;
+  d.banks = {BankPool{"kv", {PoolTensor{dev, 4096, 4096}}}};
+  const HostBankView good{reinterpret_cast<uint64_t>(bank.device()), 16, 4096,
+                          4096};
+  ASSERT_TRUE(
+      TransferEngine::Create(Backend::kCuda, d, {{"kv", good}}, std::nullopt)
+          .ok());
+
+  // Pool in host memory.
+  GpuPoolDescriptor host_pool = d;
+  host_pool.banks[0].tensors[0].base = reinterpret_cast<uint64_t>(plain.data());
+  auto e = TransferEngine::Create(Backend::kCuda, host_pool, {{"kv", good}},
+                                  std::nullopt);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("not memory of CUDA device 0"),
+            std::string::npos)
+      << e.status();
+
+  // Bank in unregistered host memory.
+  HostBankView unregistered = good;
+  unregistered.base = reinterpret_cast<uint64_t>(plain.data());
+  e = TransferEngine::Create(Backend::kCuda, d, {{"kv", unregistered}},
+                             std::nullopt);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("not host memory registered"),
+            std::string::npos)
+      << e.status();
+
+  // Pool larger than its allocation: the last byte is not device memory
+  // (or belongs to another allocation, which is still not this pool's).
+  GpuPoolDescriptor too_long = d;
+  too_long.num_pages = 1ull << 30;
+  HostBankView big = good;
+  big.rows = 1;
+  e = TransferEngine::Create(Backend::kCuda, too_long, {{"kv", big}},
+                             std::nullopt);
+  EXPECT_FALSE(e.ok());
+
+  GpuPoolDescriptor bad_device = d;
+  bad_device.device = 99;
+  e = TransferEngine::Create(Backend::kCuda, bad_device, {{"kv", good}},
+                             std::nullopt);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("not a CUDA device ordinal"),
+            std::string::npos)
+      << e.status();
+
+  int current = -1;
+  ASSERT_CUDA(cudaGetDevice(&current));
+  EXPECT_EQ(current, 0);
+}
+
+}  // namespace
+}  // namespace kvtier::client

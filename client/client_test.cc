@@ -54,14 +54,16 @@ TEST_F(ClientTest, ConnectFailsClearlyWithoutDaemon) {
 }
 
 TEST_F(ClientTest, AttachWithoutGpuMapsBanksHostOnly) {
-  auto ns = client_->Attach(Options("attach"));
+  AttachOptions o = Options("attach");
+  o.register_with_cuda = false;  // Host-only on any machine, GPU or not.
+  auto ns = client_->Attach(o);
   ASSERT_TRUE(ns.ok()) << ns.status();
   EXPECT_TRUE((*ns)->created());
   EXPECT_NE(client_->session_id(), 0u);
   ASSERT_EQ((*ns)->page_banks().size(), 2u);
   EXPECT_EQ((*ns)->snapshot_bank(), nullptr);
   for (const auto& b : (*ns)->page_banks()) {
-    EXPECT_FALSE(b.cuda_registered);  // No GPU on CI; harmless on one.
+    EXPECT_FALSE(b.cuda_registered);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(b.base) % 16, 0u);
     EXPECT_EQ(b.row_stride % 16, 0u);
     EXPECT_EQ(b.rows, 64u);
@@ -69,6 +71,7 @@ TEST_F(ClientTest, AttachWithoutGpuMapsBanksHostOnly) {
     std::memset(b.base + 3 * b.row_stride, 0x5a, b.row_bytes);
   }
   EXPECT_EQ((*ns)->page_banks()[1].row_bytes, 100u);
+  EXPECT_FALSE((*ns)->cuda_registered());
   EXPECT_EQ((*ns)->hasher().hash_bytes(), 32u);
 }
 

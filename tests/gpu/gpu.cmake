@@ -14,3 +14,22 @@ if(KVTIER_HAVE_CUDA)
   # Pools of several GiB and registered host banks: allow for slow hosts.
   set_tests_properties(transfer_engine_gpu_test PROPERTIES TIMEOUT 600)
 endif()
+
+# Two engine processes with GPU pools around a real kvtierd.
+if(KVTIER_HAVE_CUDA)
+  add_executable(kvtier_gpu_engine ${CMAKE_CURRENT_LIST_DIR}/gpu_engine_main.cc)
+  kvtier_target_options(kvtier_gpu_engine)
+  target_link_libraries(kvtier_gpu_engine PRIVATE kvtier_client
+    CUDA::cudart_static)
+  set_target_properties(kvtier_gpu_engine PROPERTIES
+    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/gpu)
+  kvtier_test(gpu_multiprocess_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/gpu_multiprocess_test.cc
+    LIBS kvtier_test_support CUDA::cudart_static
+    LABELS gpu)
+  target_compile_definitions(gpu_multiprocess_test PRIVATE
+    KVTIER_GPU_ENGINE_PATH="$<TARGET_FILE:kvtier_gpu_engine>")
+  set_target_properties(gpu_multiprocess_test PROPERTIES
+    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/gpu)
+  add_dependencies(gpu_multiprocess_test kvtier_gpu_engine kvtierd)
+endif()

@@ -6,8 +6,9 @@
 //   memory per page at 1M pages (PrefixIndex::MemoryBytes and the process's
 //   RSS growth);
 // - over the unix socket, against a real kvtierd it starts: Lookup p50/p99
-//   with 1 and 8 concurrent clients (each its own connection), and
-//   Reserve+Commit pages per second.
+//   with 1 and 8 concurrent clients (each its own connection), both over
+//   the gRPC Lookup RPC and over the fast lookup path (common/
+//   fast_lookup.h), and Reserve+Commit pages per second.
 // Prints one JSON object. Never asserts on time: it reports.
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -251,12 +252,12 @@ std::string OverSocket(uint32_t pages, double seconds, uint32_t prefixes,
       std::chrono::duration<double>(Clock::now() - c0).count();
 
   std::vector<std::string> runs;
-  for (int n : client_counts) {
+  for (bool fast : {false, true}) for (int n : client_counts) {
     std::vector<std::unique_ptr<Client>> clients;
     std::vector<std::unique_ptr<Namespace>> spaces;
     for (int i = 0; i < n; ++i) {
-      auto c = Client::Connect({.socket = daemon.socket()});
-      if (!c.ok()) return "null";
+      auto c = Client::Connect({.socket = daemon.socket(), .fast_lookup = fast});
+      if (!c.ok() || (*c)->fast_lookup_active() != fast) return "null";
       auto s = (*c)->Attach(ao);
       if (!s.ok()) return "null";
       clients.push_back(*std::move(c));
@@ -291,8 +292,8 @@ std::string OverSocket(uint32_t pages, double seconds, uint32_t prefixes,
     for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
     const Percentiles p = Summarize(all);
     runs.push_back(absl::StrFormat(
-        R"({"clients": %d, "p50_us": %.1f, "p99_us": %.1f, "mean_us": %.1f, "lookups_per_s": %.0f})",
-        n, p.p50_us, p.p99_us, p.mean_us, p.ops / took));
+        R"({"transport": "%s", "clients": %d, "p50_us": %.1f, "p99_us": %.1f, "mean_us": %.1f, "lookups_per_s": %.0f})",
+        fast ? "fast_path" : "grpc", n, p.p50_us, p.p99_us, p.mean_us, p.ops / took));
   }
   return absl::StrFormat(
       R"({"lookup": [%s], "commit": {"pages": %d, "seconds": %.3f, "pages_per_s": %.0f, "batch_pages": %d}})",

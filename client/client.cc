@@ -2,9 +2,13 @@
 // the RAII leases and reservations.
 #include "kvtier/client.h"
 
+#include <sys/socket.h>
 #include <sys/types.h>
+#include <sys/uio.h>
+#include <sys/un.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <thread>
@@ -17,6 +21,7 @@
 #include "client/cuda_host.h"
 #include "client/transfer_engine.h"
 #include "common/default_socket.h"
+#include "common/fast_lookup.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
@@ -92,6 +97,70 @@ struct Connection {
   std::thread session_reader;
   std::atomic<bool> alive{false};
   std::unique_ptr<Worker> worker = std::make_unique<Worker>();
+  // The fast lookup path; -1 when not offered or broken. One request at a
+  // time per connection.
+  absl::Mutex fast_mu;
+  int fast_fd ABSL_GUARDED_BY(fast_mu) = -1;
+
+  // Connects the fast lookup path; leaves fast_fd at -1 on any failure.
+  void ConnectFast(const std::string& path) {
+    sockaddr_un addr{};
+    if (path.empty() || path.size() >= sizeof(addr.sun_path)) return;
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) return;
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    fastpath::Hello hello;
+    hello.session_id = session_id;
+    iovec iov{&hello, sizeof(hello)};
+    fastpath::HelloReply reply;
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        !fastpath::WriteFullV(fd, &iov, 1) ||
+        !fastpath::ReadFull(fd, &reply, sizeof(reply)) ||
+        reply.magic != fastpath::kReplyMagic || reply.code != 0) {
+      ::close(fd);
+      return;
+    }
+    absl::MutexLock lock(&fast_mu);
+    fast_fd = fd;
+  }
+
+  // Runs a lookup over the fast path. Returns false when the path is not
+  // available or broke (the caller then uses gRPC); else fills *status and
+  // the outputs.
+  bool FastLookup(uint64_t namespace_id, std::string_view hashes, bool pin,
+                  absl::Status* status, fastpath::Reply* reply,
+                  std::vector<uint32_t>* rows) {
+    absl::MutexLock lock(&fast_mu);
+    if (fast_fd < 0) return false;
+    fastpath::Request req;
+    req.flags = pin ? fastpath::kFlagPin : 0;
+    req.namespace_id = namespace_id;
+    req.hash_bytes = static_cast<uint32_t>(hashes.size());
+    iovec iov[2] = {{&req, sizeof(req)},
+                    {const_cast<char*>(hashes.data()), hashes.size()}};
+    bool ok = hashes.size() <= fastpath::kMaxRequestBytes &&
+              fastpath::WriteFullV(fast_fd, iov, 2) &&
+              fastpath::ReadFull(fast_fd, reply, sizeof(*reply)) &&
+              reply->magic == fastpath::kReplyMagic;
+    if (ok && reply->code == 0) {
+      rows->resize(reply->usable_pages);
+      ok = fastpath::ReadFull(fast_fd, rows->data(),
+                              rows->size() * sizeof(uint32_t));
+      *status = absl::OkStatus();
+    } else if (ok) {
+      std::string message(reply->message_bytes, '\0');
+      ok = reply->message_bytes <= (1u << 20) &&
+           fastpath::ReadFull(fast_fd, message.data(), message.size());
+      *status = absl::Status(static_cast<absl::StatusCode>(reply->code),
+                             absl::StrCat("Lookup: ", message));
+    }
+    if (!ok) {
+      ::close(fast_fd);
+      fast_fd = -1;
+    }
+    return ok;
+  }
 
   void Deadline(grpc::ClientContext* ctx) const {
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -99,6 +168,11 @@ struct Connection {
 
   ~Connection() {
     worker.reset();  // Runs what is queued first (commits, releases).
+    {
+      absl::MutexLock lock(&fast_mu);
+      if (fast_fd >= 0) ::close(fast_fd);
+      fast_fd = -1;
+    }
     if (session != nullptr) {
       session_context.TryCancel();
       if (session_reader.joinable()) session_reader.join();
@@ -347,6 +421,22 @@ double Namespace::map_seconds() const { return state_->map_seconds; }
 double Namespace::register_seconds() const { return state_->register_seconds; }
 
 absl::StatusOr<Lease> Namespace::Lookup(std::string_view hashes, bool pin) {
+  {
+    absl::Status status;
+    fastpath::Reply reply;
+    Lease lease;
+    if (state_->conn->FastLookup(state_->id, hashes, pin, &status, &reply,
+                                 &lease.rows_)) {
+      if (!status.ok()) return status;
+      lease.ns_ = state_;
+      lease.lease_id_ = reply.lease_id;
+      lease.matched_pages_ = reply.matched_pages;
+      lease.usable_pages_ = reply.usable_pages;
+      lease.has_snapshot_ = reply.has_snapshot != 0;
+      lease.snapshot_row_ = reply.snapshot_row;
+      return lease;
+    }
+  }
   v1::LookupRequest req;
   state_->Fill(&req);
   req.set_hashes(std::string(hashes));
@@ -430,6 +520,10 @@ Client::~Client() = default;
 uint64_t Client::session_id() const { return connection_->session_id; }
 const std::string& Client::socket() const { return connection_->socket; }
 bool Client::session_alive() const { return connection_->alive.load(); }
+bool Client::fast_lookup_active() const {
+  absl::MutexLock lock(&connection_->fast_mu);
+  return connection_->fast_fd >= 0;
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     const ConnectOptions& options) {
@@ -465,6 +559,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   }
   conn->session_id = opened.opened().session_id();
   conn->alive = true;
+  if (options.fast_lookup) conn->ConnectFast(opened.opened().fast_lookup_socket());
   Connection* raw = conn.get();
   conn->session_reader = std::thread([raw] {
     v1::SessionEvent event;

@@ -185,6 +185,39 @@ TEST_F(ClientTest, ReferenceTransferRoundTripsThroughBanks) {
   }
 }
 
+TEST_F(ClientTest, FastLookupPathMatchesGrpc) {
+  EXPECT_TRUE(client_->fast_lookup_active());
+  auto slow = Client::Connect(
+      {.socket = daemon_.socket(), .fast_lookup = false});
+  ASSERT_TRUE(slow.ok());
+  EXPECT_FALSE((*slow)->fast_lookup_active());
+  auto fast_ns = client_->Attach(Options("fastpath"));
+  auto slow_ns = (*slow)->Attach(Options("fastpath"));
+  ASSERT_TRUE(fast_ns.ok() && slow_ns.ok());
+  const std::string hashes = (*fast_ns)->hasher().HashChain(Tokens(9 * 16, 4));
+  auto r = (*fast_ns)->Reserve(9);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(r->Commit("", hashes).ok());
+  std::string probe = hashes;
+  probe[6 * 32] ^= 1;  // Diverges at page 6.
+  for (const std::string* h : {&hashes, static_cast<const std::string*>(&probe)}) {
+    auto a = (*fast_ns)->Lookup(*h, /*pin=*/true);
+    auto b = (*slow_ns)->Lookup(*h, /*pin=*/true);
+    ASSERT_TRUE(a.ok() && b.ok());
+    EXPECT_EQ(a->matched_pages(), b->matched_pages());
+    EXPECT_EQ(a->usable_pages(), h == &hashes ? 9u : 6u);
+    EXPECT_EQ(std::vector<uint32_t>(a->rows().begin(), a->rows().end()),
+              std::vector<uint32_t>(b->rows().begin(), b->rows().end()));
+    EXPECT_TRUE(a->pinned());
+    EXPECT_TRUE(a->Release().ok());
+  }
+  // Errors come back over the fast path with their code and field.
+  auto bad = (*fast_ns)->Lookup(hashes.substr(0, 33));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("hashes"));
+  EXPECT_TRUE(client_->fast_lookup_active());
+}
+
 TEST_F(ClientTest, DaemonDeathIsAnErrorNotACrash) {
   auto ns = client_->Attach(Options("death"));
   ASSERT_TRUE(ns.ok());

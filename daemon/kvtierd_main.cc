@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/default_socket.h"
+#include "daemon/fast_lookup_server.h"
 #include "daemon/tier_core.h"
 #include "daemon/tier_service.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -47,6 +48,8 @@ ABSL_FLAG(uint32_t, default_max_replay_tokens, 8192,
 ABSL_FLAG(uint32_t, max_namespaces, 256, "Most namespaces at once");
 ABSL_FLAG(std::string, demo_namespace, "",
           "Create a small demo namespace of this name at start (make run)");
+ABSL_FLAG(bool, fast_lookup, true,
+          "Serve the fast lookup path on <socket>.lookup beside gRPC");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
 
 namespace kvtier::daemon {
@@ -154,7 +157,16 @@ int Main(int argc, char** argv) {
     return 1;
   }
 
-  TierService service(&core);
+  FastLookupServer fast(&core);
+  std::string fast_socket;
+  if (absl::GetFlag(FLAGS_fast_lookup)) {
+    fast_socket = socket + ".lookup";
+    if (absl::Status s = fast.Start(fast_socket); !s.ok()) {
+      SPDLOG_CRITICAL("{}", s.ToString());
+      return 1;
+    }
+  }
+  TierService service(&core, fast_socket);
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -181,6 +193,7 @@ int Main(int argc, char** argv) {
   });
   server->Wait();
   waiter.join();
+  fast.Stop();
   ::unlink(socket.c_str());
   SPDLOG_INFO("kvtierd stopped");
   return 0;

@@ -70,7 +70,7 @@ absl::Status CheckVersion(uint32_t v) {
 }
 
 // Splits packed `bytes` into keys of `hash_bytes` each.
-absl::Status ParseHashes(const std::string& bytes, uint32_t hash_bytes,
+absl::Status ParseHashes(absl::string_view bytes, uint32_t hash_bytes,
                          uint32_t max_count, absl::string_view field,
                          std::vector<HashKey>* out) {
   if (bytes.size() % hash_bytes != 0) {
@@ -412,14 +412,32 @@ absl::StatusOr<std::shared_ptr<TierCore::Namespace>> TierCore::Resolve(
 
 absl::Status TierCore::Lookup(const v1::LookupRequest& req,
                               v1::LookupResponse* resp) {
+  if (absl::Status s = CheckVersion(req.api_version()); !s.ok()) return s;
+  LookupOutcome out;
+  if (absl::Status s = LookupHashes(req.session_id(), req.namespace_id(),
+                                    req.hashes(), req.pin(), &out);
+      !s.ok()) {
+    return s;
+  }
+  resp->set_matched_pages(out.matched_pages);
+  resp->set_usable_pages(out.usable_pages);
+  resp->mutable_rows()->Assign(out.rows.begin(), out.rows.end());
+  resp->set_has_snapshot(out.has_snapshot);
+  if (out.has_snapshot) resp->set_snapshot_row(out.snapshot_row);
+  resp->set_lease_id(out.lease_id);
+  return absl::OkStatus();
+}
+
+absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
+                                    absl::string_view hashes, bool pin,
+                                    LookupOutcome* out) {
   uint32_t rank = 0;
-  auto ns_or = Resolve(req.api_version(), req.session_id(),
-                       req.namespace_id(), &rank);
+  auto ns_or = Resolve(0, session_id, namespace_id, &rank);
   if (!ns_or.ok()) return ns_or.status();
   Namespace& ns = **ns_or;
   std::vector<HashKey> keys;
-  if (absl::Status s = ParseHashes(req.hashes(), ns.hash_bytes,
-                                   kMaxLookupPages, "hashes", &keys);
+  if (absl::Status s = ParseHashes(hashes, ns.hash_bytes, kMaxLookupPages,
+                                   "hashes", &keys);
       !s.ok()) {
     return s;
   }
@@ -428,16 +446,17 @@ absl::Status TierCore::Lookup(const v1::LookupRequest& req,
   ++ns.lookups;
   ns.hit_pages += r.usable_pages;
   ns.miss_pages += keys.size() - r.usable_pages;
-  resp->set_matched_pages(r.matched_pages);
-  resp->set_usable_pages(r.usable_pages);
-  resp->mutable_rows()->Assign(r.rows.begin(), r.rows.end());
-  resp->set_has_snapshot(r.has_snapshot);
-  if (r.has_snapshot) resp->set_snapshot_row(r.snapshot_row);
-  if (req.pin() && r.usable_pages > 0 && r.pin_node != kNoNode) {
+  out->matched_pages = r.matched_pages;
+  out->usable_pages = r.usable_pages;
+  out->rows = std::move(r.rows);
+  out->has_snapshot = r.has_snapshot;
+  out->snapshot_row = r.has_snapshot ? r.snapshot_row : 0;
+  out->lease_id = 0;
+  if (pin && r.usable_pages > 0 && r.pin_node != kNoNode) {
     const uint64_t lease = next_id_.fetch_add(1);
     ns.index->Pin(r.pin_node);
-    ns.leases[lease] = Namespace::Lease{req.session_id(), r.pin_node};
-    resp->set_lease_id(lease);
+    ns.leases[lease] = Namespace::Lease{session_id, r.pin_node};
+    out->lease_id = lease;
   }
   return absl::OkStatus();
 }
@@ -853,6 +872,11 @@ absl::Status TierCore::CheckInvariants() {
     }
   }
   return absl::OkStatus();
+}
+
+bool TierCore::SessionOpen(uint64_t session_id) {
+  absl::ReaderMutexLock lock(&mu_);
+  return sessions_.contains(session_id);
 }
 
 size_t TierCore::session_count() {

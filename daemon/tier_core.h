@@ -86,6 +86,22 @@ class TierCore {
                       v1::AttachResponse* response);
   absl::Status Lookup(const v1::LookupRequest& request,
                       v1::LookupResponse* response);
+
+  // Lookup's answer without protobuf: the fast lookup path uses it.
+  struct LookupOutcome {
+    uint32_t matched_pages = 0;
+    uint32_t usable_pages = 0;
+    std::vector<uint32_t> rows;
+    bool has_snapshot = false;
+    uint32_t snapshot_row = 0;
+    uint64_t lease_id = 0;
+  };
+  // Lookup over packed `hashes`, with the same checks and effects.
+  absl::Status LookupHashes(uint64_t session_id, uint64_t namespace_id,
+                            absl::string_view hashes, bool pin,
+                            LookupOutcome* out);
+  // True when `session_id` is an open session.
+  bool SessionOpen(uint64_t session_id);
   absl::Status Reserve(const v1::ReserveRequest& request,
                        v1::ReserveResponse* response);
   absl::Status Commit(const v1::CommitRequest& request,

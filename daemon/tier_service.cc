@@ -18,7 +18,8 @@ namespace {
 class SessionReactor
     : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent> {
  public:
-  explicit SessionReactor(TierCore* core) : core_(core) {
+  SessionReactor(TierCore* core, const std::string& fast_lookup_socket)
+      : core_(core), fast_lookup_socket_(fast_lookup_socket) {
     StartRead(&request_);
   }
 
@@ -48,6 +49,8 @@ class SessionReactor
             if (id.ok()) {
               session_id_ = *id;
               event_.mutable_opened()->set_session_id(*id);
+              event_.mutable_opened()->set_fast_lookup_socket(
+                  fast_lookup_socket_);
             } else {
               error = ToGrpcStatus(id.status());
             }
@@ -92,6 +95,7 @@ class SessionReactor
   }
 
   TierCore* const core_;
+  const std::string fast_lookup_socket_;
   v1::SessionRequest request_;  // Only touched by the read chain.
   v1::SessionEvent event_;      // Written once, before its StartWrite.
   absl::Mutex mu_;
@@ -111,7 +115,7 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context,
 
 grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>*
 TierService::Session(grpc::CallbackServerContext* /*context*/) {
-  return new SessionReactor(core_);
+  return new SessionReactor(core_, fast_lookup_socket_);
 }
 
 #define KVTIER_UNARY(Method)                                                \

@@ -10,6 +10,9 @@
 #ifndef KVTIER_DAEMON_TIER_SERVICE_H_
 #define KVTIER_DAEMON_TIER_SERVICE_H_
 
+#include <string>
+#include <utility>
+
 #include "daemon/tier_core.h"
 #include "kvtier/v1/tier.grpc.pb.h"
 
@@ -17,8 +20,10 @@ namespace kvtier::daemon {
 
 class TierService final : public v1::TierService::CallbackService {
  public:
-  // REQUIRES: `core` outlives this service.
-  explicit TierService(TierCore* core) : core_(core) {}
+  // REQUIRES: `core` outlives this service. `fast_lookup_socket` is
+  // announced to each session (empty: no fast path).
+  explicit TierService(TierCore* core, std::string fast_lookup_socket = "")
+      : core_(core), fast_lookup_socket_(std::move(fast_lookup_socket)) {}
 
   grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>* Session(
       grpc::CallbackServerContext* context) override;
@@ -57,6 +62,7 @@ class TierService final : public v1::TierService::CallbackService {
 
  private:
   TierCore* const core_;
+  const std::string fast_lookup_socket_;
 };
 
 }  // namespace kvtier::daemon

@@ -73,6 +73,9 @@ struct ConnectOptions {
   std::string socket;       // Empty: $KVTIER_SOCKET, /run/kvtier, default.
   std::string client_name;  // Shown to operators.
   absl::Duration timeout = absl::Seconds(5);  // Connect and per-RPC deadline.
+  // Use the daemon's fast lookup path (a framed protocol on a second unix
+  // socket) for Lookup when it offers one; false: always gRPC.
+  bool fast_lookup = true;
 };
 
 struct AttachOptions {
@@ -239,6 +242,8 @@ class Client {
   const std::string& socket() const;
   // False once the daemon closed the session (it stopped or restarted).
   bool session_alive() const;
+  // True while lookups go over the fast path rather than gRPC.
+  bool fast_lookup_active() const;
 
   // Creates or opens a namespace and maps its banks.
   absl::StatusOr<std::unique_ptr<Namespace>> Attach(

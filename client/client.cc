@@ -41,47 +41,57 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
 }  // namespace
 
 // Runs deferred RPCs (CommitAfter, ReleaseAfter) off the engine's threads.
+// A task may drop the last reference to the Connection that owns this
+// Worker, so the queue lives in a State that the thread co-owns: the
+// Worker can be destroyed from inside a task without pulling the queue out
+// from under the running loop.
 class Worker {
  public:
-  Worker() : thread_([this] { Run(); }) {}
+  Worker() : state_(std::make_shared<State>()) {
+    thread_ = std::thread([state = state_] { Run(*state); });
+  }
   ~Worker() {
     {
-      absl::MutexLock lock(&mu_);
-      stop_ = true;
+      absl::MutexLock lock(&state_->mu);
+      state_->stop = true;
     }
     if (thread_.get_id() == std::this_thread::get_id()) {
-      thread_.detach();  // The last reference died inside a task.
+      thread_.detach();  // Destroyed by a task: the loop ends by itself.
     } else {
       thread_.join();
     }
   }
   void Post(std::function<void()> task) {
-    absl::MutexLock lock(&mu_);
-    tasks_.push_back(std::move(task));
+    absl::MutexLock lock(&state_->mu);
+    state_->tasks.push_back(std::move(task));
   }
 
  private:
-  void Run() {
+  struct State {
+    absl::Mutex mu;
+    std::deque<std::function<void()>> tasks ABSL_GUARDED_BY(mu);
+    bool stop ABSL_GUARDED_BY(mu) = false;
+  };
+
+  static void Run(State& s) {
     for (;;) {
       std::function<void()> task;
       {
-        absl::MutexLock lock(&mu_);
-        mu_.Await(absl::Condition(
-            +[](Worker* w) ABSL_EXCLUSIVE_LOCKS_REQUIRED(w->mu_) {
-              return w->stop_ || !w->tasks_.empty();
+        absl::MutexLock lock(&s.mu);
+        s.mu.Await(absl::Condition(
+            +[](State* st) ABSL_EXCLUSIVE_LOCKS_REQUIRED(st->mu) {
+              return st->stop || !st->tasks.empty();
             },
-            this));
-        if (tasks_.empty()) return;
-        task = std::move(tasks_.front());
-        tasks_.pop_front();
+            &s));
+        if (s.tasks.empty()) return;
+        task = std::move(s.tasks.front());
+        s.tasks.pop_front();
       }
       task();
     }
   }
 
-  absl::Mutex mu_;
-  std::deque<std::function<void()>> tasks_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<State> state_;
   std::thread thread_;
 };
 

@@ -874,6 +874,19 @@ absl::Status TierCore::CheckInvariants() {
   return absl::OkStatus();
 }
 
+absl::Status TierCore::Verify(const v1::VerifyRequest& req,
+                             v1::VerifyResponse* resp) {
+  if (absl::Status s = CheckVersion(req.api_version()); !s.ok()) return s;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    resp->set_namespaces_checked(by_name_.size());
+  }
+  absl::Status s = CheckInvariants();
+  resp->set_ok(s.ok());
+  if (!s.ok()) resp->set_violation(std::string(s.message()));
+  return absl::OkStatus();
+}
+
 bool TierCore::SessionOpen(uint64_t session_id) {
   absl::ReaderMutexLock lock(&mu_);
   return sessions_.contains(session_id);

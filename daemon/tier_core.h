@@ -118,6 +118,11 @@ class TierCore {
   absl::Status ListPrefixes(const v1::ListPrefixesRequest& request,
                             v1::ListPrefixesResponse* response);
 
+  // Runs CheckInvariants for the Verify RPC: OK with ok=false and the
+  // violation when one is found.
+  absl::Status Verify(const v1::VerifyRequest& request,
+                      v1::VerifyResponse* response);
+
   // Creates a namespace with no session attached (the daemon's --demo
   // namespace). Same validation as Attach.
   absl::Status CreateNamespace(const std::string& name,

@@ -387,6 +387,21 @@ TEST_F(TierCoreTest, DropRemovesNamespaceAndSegments) {
   EXPECT_TRUE(core_->CheckInvariants().ok());
 }
 
+TEST_F(TierCoreTest, VerifyReportsHealthyState) {
+  const uint64_t s = Open();
+  v1::AttachResponse a = Attach(s, "ns", AttentionLayout());
+  auto r = Reserve(s, a.namespace_id(), 3);
+  ASSERT_TRUE(r.ok());
+  v1::VerifyResponse resp;
+  ASSERT_TRUE(core_->Verify({}, &resp).ok());
+  EXPECT_TRUE(resp.ok()) << resp.violation();
+  EXPECT_EQ(resp.namespaces_checked(), 1u);
+  v1::VerifyRequest bad;
+  bad.set_api_version(5);
+  EXPECT_EQ(core_->Verify(bad, &resp).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(TierCoreTest, ListPrefixesReportsLeaves) {
   const uint64_t s = Open();
   v1::AttachResponse a = Attach(s, "ns", AttentionLayout());

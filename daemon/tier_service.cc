@@ -136,6 +136,7 @@ KVTIER_UNARY(Drop)
 KVTIER_UNARY(Stats)
 KVTIER_UNARY(ListNamespaces)
 KVTIER_UNARY(ListPrefixes)
+KVTIER_UNARY(Verify)
 
 #undef KVTIER_UNARY
 

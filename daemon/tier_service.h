@@ -59,6 +59,9 @@ class TierService final : public v1::TierService::CallbackService {
       grpc::CallbackServerContext* context,
       const v1::ListPrefixesRequest* request,
       v1::ListPrefixesResponse* response) override;
+  grpc::ServerUnaryReactor* Verify(grpc::CallbackServerContext* context,
+                                   const v1::VerifyRequest* request,
+                                   v1::VerifyResponse* response) override;
 
  private:
   TierCore* const core_;

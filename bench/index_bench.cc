@@ -16,9 +16,9 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <cstdio>
 #include <fstream>
 #include <random>
 #include <string>
@@ -97,8 +97,8 @@ std::string Machine() {
   std::ifstream cpu("/proc/cpuinfo");
   for (std::string line; std::getline(cpu, line);) {
     if (line.rfind("model name", 0) == 0) {
-      model = std::string(absl::StripAsciiWhitespace(
-          line.substr(line.find(':') + 1)));
+      model = std::string(
+          absl::StripAsciiWhitespace(line.substr(line.find(':') + 1)));
       break;
     }
   }
@@ -130,7 +130,8 @@ std::string MemoryFigure(uint64_t pages) {
   std::mt19937_64 rng(1);
   uint64_t done = 0;
   while (done < pages) {
-    const uint32_t n = static_cast<uint32_t>(std::min<uint64_t>(chain, pages - done));
+    const uint32_t n =
+        static_cast<uint32_t>(std::min<uint64_t>(chain, pages - done));
     keys.resize(n);
     for (auto& k : keys) {
       for (size_t i = 0; i < 32; i += 8) {
@@ -207,8 +208,8 @@ std::string InProcess(uint32_t pages, double seconds, uint32_t prefixes) {
     v1::LookupResponse lr;
     const auto t0 = Clock::now();
     (void)core.Lookup(lq, &lr);
-    lat.push_back(std::chrono::duration<double, std::micro>(Clock::now() - t0)
-                      .count());
+    lat.push_back(
+        std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
     if (lr.matched_pages() != pages) return "null";
   }
   std::filesystem::remove_all(tmpl);
@@ -252,49 +253,53 @@ std::string OverSocket(uint32_t pages, double seconds, uint32_t prefixes,
       std::chrono::duration<double>(Clock::now() - c0).count();
 
   std::vector<std::string> runs;
-  for (bool fast : {false, true}) for (int n : client_counts) {
-    std::vector<std::unique_ptr<Client>> clients;
-    std::vector<std::unique_ptr<Namespace>> spaces;
-    for (int i = 0; i < n; ++i) {
-      auto c = Client::Connect({.socket = daemon.socket(), .fast_lookup = fast});
-      if (!c.ok() || (*c)->fast_lookup_active() != fast) return "null";
-      auto s = (*c)->Attach(ao);
-      if (!s.ok()) return "null";
-      clients.push_back(*std::move(c));
-      spaces.push_back(*std::move(s));
+  for (bool fast : {false, true})
+    for (int n : client_counts) {
+      std::vector<std::unique_ptr<Client>> clients;
+      std::vector<std::unique_ptr<Namespace>> spaces;
+      for (int i = 0; i < n; ++i) {
+        auto c =
+            Client::Connect({.socket = daemon.socket(), .fast_lookup = fast});
+        if (!c.ok() || (*c)->fast_lookup_active() != fast) return "null";
+        auto s = (*c)->Attach(ao);
+        if (!s.ok()) return "null";
+        clients.push_back(*std::move(c));
+        spaces.push_back(*std::move(s));
+      }
+      std::vector<std::vector<double>> lat(n);
+      std::atomic<bool> measuring{false}, stop{false};
+      std::vector<std::thread> threads;
+      for (int i = 0; i < n; ++i) {
+        threads.emplace_back([&, i] {
+          std::mt19937 rng(i);
+          while (!stop.load()) {
+            const auto t0 = Clock::now();
+            auto l = spaces[i]->Lookup(chains[rng() % chains.size()], false);
+            const double us =
+                std::chrono::duration<double, std::micro>(Clock::now() - t0)
+                    .count();
+            if (!l.ok() || l->matched_pages() != pages) std::abort();
+            if (measuring.load()) lat[i].push_back(us);
+          }
+        });
+      }
+      absl::SleepFor(absl::Milliseconds(500));  // Warm-up.
+      measuring = true;
+      const auto m0 = Clock::now();
+      absl::SleepFor(absl::Seconds(seconds));
+      measuring = false;
+      const double took =
+          std::chrono::duration<double>(Clock::now() - m0).count();
+      stop = true;
+      for (auto& t : threads) t.join();
+      std::vector<double> all;
+      for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
+      const Percentiles p = Summarize(all);
+      runs.push_back(absl::StrFormat(
+          R"({"transport": "%s", "clients": %d, "p50_us": %.1f, "p99_us": %.1f, "mean_us": %.1f, "lookups_per_s": %.0f})",
+          fast ? "fast_path" : "grpc", n, p.p50_us, p.p99_us, p.mean_us,
+          p.ops / took));
     }
-    std::vector<std::vector<double>> lat(n);
-    std::atomic<bool> measuring{false}, stop{false};
-    std::vector<std::thread> threads;
-    for (int i = 0; i < n; ++i) {
-      threads.emplace_back([&, i] {
-        std::mt19937 rng(i);
-        while (!stop.load()) {
-          const auto t0 = Clock::now();
-          auto l = spaces[i]->Lookup(chains[rng() % chains.size()], false);
-          const double us =
-              std::chrono::duration<double, std::micro>(Clock::now() - t0)
-                  .count();
-          if (!l.ok() || l->matched_pages() != pages) std::abort();
-          if (measuring.load()) lat[i].push_back(us);
-        }
-      });
-    }
-    absl::SleepFor(absl::Milliseconds(500));  // Warm-up.
-    measuring = true;
-    const auto m0 = Clock::now();
-    absl::SleepFor(absl::Seconds(seconds));
-    measuring = false;
-    const double took = std::chrono::duration<double>(Clock::now() - m0).count();
-    stop = true;
-    for (auto& t : threads) t.join();
-    std::vector<double> all;
-    for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
-    const Percentiles p = Summarize(all);
-    runs.push_back(absl::StrFormat(
-        R"({"transport": "%s", "clients": %d, "p50_us": %.1f, "p99_us": %.1f, "mean_us": %.1f, "lookups_per_s": %.0f})",
-        fast ? "fast_path" : "grpc", n, p.p50_us, p.p99_us, p.mean_us, p.ops / took));
-  }
   return absl::StrFormat(
       R"({"lookup": [%s], "commit": {"pages": %d, "seconds": %.3f, "pages_per_s": %.0f, "batch_pages": %d}})",
       absl::StrJoin(runs, ", "), committed, commit_s, committed / commit_s,

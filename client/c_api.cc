@@ -45,8 +45,8 @@ kvt_status Invalid(absl::string_view what) {
   return Set(absl::InvalidArgumentError(what));
 }
 
-#define KVT_REQUIRE(cond, msg) \
-  do {                         \
+#define KVT_REQUIRE(cond, msg)        \
+  do {                                \
     if (!(cond)) return Invalid(msg); \
   } while (0)
 
@@ -149,8 +149,8 @@ kvt_status kvt_attach(kvt_client* client, const kvt_attach_options* options,
   for (uint32_t i = 0; i < l.num_page_banks; ++i) {
     const kvt_bank_layout& b = l.page_banks[i];
     if (b.name == nullptr) {
-      return Invalid(absl::StrCat("options.layout.page_banks[", i,
-                                  "].name: NULL"));
+      return Invalid(
+          absl::StrCat("options.layout.page_banks[", i, "].name: NULL"));
     }
     o.layout.page_banks.push_back(
         {b.name, b.row_bytes, b.dtype == nullptr ? "" : b.dtype});
@@ -237,8 +237,8 @@ kvt_status kvt_hash_tokens(const kvt_namespace* ns, const int32_t* tokens,
     hashes = h.HashChain(span, Bytes(extra_key, extra_key_len));
   }
   if (hashes.size() > out_cap || (out == nullptr && !hashes.empty())) {
-    return Set(absl::OutOfRangeError(absl::StrCat(
-        "out_cap: ", out_cap, " bytes, need ", hashes.size())));
+    return Set(absl::OutOfRangeError(
+        absl::StrCat("out_cap: ", out_cap, " bytes, need ", hashes.size())));
   }
   if (!hashes.empty()) std::memcpy(out, hashes.data(), hashes.size());
   *num_hashes = hashes.size() / h.hash_bytes();
@@ -352,9 +352,8 @@ kvt_status kvt_commit_after(kvt_reservation* r, void* stream,
 kvt_status kvt_pending_wait(kvt_pending_commit* p, uint32_t timeout_ms,
                             kvt_commit_result* result) {
   KVT_REQUIRE(p != nullptr, "pending: NULL");
-  if (timeout_ms != 0 &&
-      p->future.wait_for(std::chrono::milliseconds(timeout_ms)) !=
-          std::future_status::ready) {
+  if (timeout_ms != 0 && p->future.wait_for(std::chrono::milliseconds(
+                             timeout_ms)) != std::future_status::ready) {
     return Set(absl::DeadlineExceededError("commit still pending"));
   }
   absl::StatusOr<kvtier::CommitResult> r = p->future.get();

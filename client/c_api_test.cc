@@ -1,14 +1,13 @@
 // Tests of libkvtier's C ABI (linked against libkvtier.so itself): status
 // codes and last-error messages for bad arguments, and a whole
 // attach/hash/reserve/commit/lookup/rehydrate flow through C calls.
-#include "kvtier/kvtier.h"
-
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kvtier/kvtier.h"
 #include "tests/daemon_process.h"
 
 namespace {

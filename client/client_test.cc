@@ -173,22 +173,22 @@ TEST_F(ClientTest, ReferenceTransferRoundTripsThroughBanks) {
   ASSERT_EQ(lease->usable_pages(), n);
   ASSERT_TRUE((*dst)->Rehydrate(back, lease->rows(), nullptr).ok());
   for (uint32_t i = 0; i < n; ++i) {
-    EXPECT_EQ(std::memcmp(k2.get() + back[i] * 2048, k.get() + pages[i] * 2048,
-                          2048),
-              0);
-    EXPECT_EQ(std::memcmp(v2.get() + back[i] * 2048, v.get() + pages[i] * 2048,
-                          2048),
-              0);
-    EXPECT_EQ(std::memcmp(s2.get() + back[i] * 112, s.get() + pages[i] * 112,
-                          100),
-              0);
+    EXPECT_EQ(
+        std::memcmp(k2.get() + back[i] * 2048, k.get() + pages[i] * 2048, 2048),
+        0);
+    EXPECT_EQ(
+        std::memcmp(v2.get() + back[i] * 2048, v.get() + pages[i] * 2048, 2048),
+        0);
+    EXPECT_EQ(
+        std::memcmp(s2.get() + back[i] * 112, s.get() + pages[i] * 112, 100),
+        0);
   }
 }
 
 TEST_F(ClientTest, FastLookupPathMatchesGrpc) {
   EXPECT_TRUE(client_->fast_lookup_active());
-  auto slow = Client::Connect(
-      {.socket = daemon_.socket(), .fast_lookup = false});
+  auto slow =
+      Client::Connect({.socket = daemon_.socket(), .fast_lookup = false});
   ASSERT_TRUE(slow.ok());
   EXPECT_FALSE((*slow)->fast_lookup_active());
   auto fast_ns = client_->Attach(Options("fastpath"));
@@ -200,7 +200,8 @@ TEST_F(ClientTest, FastLookupPathMatchesGrpc) {
   ASSERT_TRUE(r->Commit("", hashes).ok());
   std::string probe = hashes;
   probe[6 * 32] ^= 1;  // Diverges at page 6.
-  for (const std::string* h : {&hashes, static_cast<const std::string*>(&probe)}) {
+  for (const std::string* h :
+       {&hashes, static_cast<const std::string*>(&probe)}) {
     auto a = (*fast_ns)->Lookup(*h, /*pin=*/true);
     auto b = (*slow_ns)->Lookup(*h, /*pin=*/true);
     ASSERT_TRUE(a.ok() && b.ok());
@@ -214,7 +215,8 @@ TEST_F(ClientTest, FastLookupPathMatchesGrpc) {
   // Errors come back over the fast path with their code and field.
   auto bad = (*fast_ns)->Lookup(hashes.substr(0, 33));
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(bad.status().message()), ::testing::HasSubstr("hashes"));
+  EXPECT_THAT(std::string(bad.status().message()),
+              ::testing::HasSubstr("hashes"));
   EXPECT_TRUE(client_->fast_lookup_active());
 }
 

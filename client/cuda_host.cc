@@ -36,7 +36,8 @@ absl::Status RegisterHostRange(void* p, uint64_t bytes) {
                          cudaDevAttrCanUseHostPointerForRegisteredMem, device);
   if (!same_address) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "device ", device, " cannot use host pointers for registered memory; "
+        "device ", device,
+        " cannot use host pointers for registered memory; "
         "kvtier needs UVA with identical host and device addresses"));
   }
   auto* base = static_cast<uint8_t*>(p);
@@ -47,9 +48,9 @@ absl::Status RegisterHostRange(void* p, uint64_t bytes) {
     if (err != cudaSuccess) {
       cudaGetLastError();
       if (off > 0) UnregisterHostRange(p, off);
-      return absl::InternalError(absl::StrCat(
-          "cudaHostRegister(", n, " bytes at offset ", off,
-          "): ", cudaGetErrorString(err)));
+      return absl::InternalError(absl::StrCat("cudaHostRegister(", n,
+                                              " bytes at offset ", off,
+                                              "): ", cudaGetErrorString(err)));
     }
   }
   return absl::OkStatus();

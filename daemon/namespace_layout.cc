@@ -15,9 +15,9 @@ bool IsNameChar(char c, bool allow_upper) {
 }
 
 std::string CanonicalText(const v1::Layout& l) {
-  std::string s = absl::StrCat("kvtier.layout.v1;model=", l.model().size(),
-                               ":", l.model(), ";tpp=", l.tokens_per_page(),
-                               ";layers=", l.num_layers());
+  std::string s =
+      absl::StrCat("kvtier.layout.v1;model=", l.model().size(), ":", l.model(),
+                   ";tpp=", l.tokens_per_page(), ";layers=", l.num_layers());
   for (const auto& b : l.page_banks()) {
     absl::StrAppend(&s, ";bank=", b.name(), ":", b.row_bytes(), ":",
                     b.dtype().size(), ":", b.dtype());
@@ -93,9 +93,9 @@ absl::Status ValidateLayout(const v1::Layout& l) {
       }
     }
     if (b.row_bytes() == 0 || b.row_bytes() > kMaxRowBytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".row_bytes: must be 1..", kMaxRowBytes, ", got ",
-          b.row_bytes()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".row_bytes: must be 1..", kMaxRowBytes, ", got ",
+                       b.row_bytes()));
     }
     if (b.dtype().size() > 32) {
       return absl::InvalidArgumentError(
@@ -112,9 +112,8 @@ absl::Status ValidateLayout(const v1::Layout& l) {
         "layout.tp_size: must be 1..", kMaxTpSize, ", got ", l.tp_size()));
   }
   if (!v1::HashKind_IsValid(l.hash_kind())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("layout.hash_kind: unknown value ",
-                     static_cast<int>(l.hash_kind())));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "layout.hash_kind: unknown value ", static_cast<int>(l.hash_kind())));
   }
   return absl::OkStatus();
 }
@@ -136,8 +135,7 @@ Fingerprint LayoutFingerprint(const v1::Layout& normalized) {
   return fp;
 }
 
-std::string DescribeLayoutDifference(const v1::Layout& a,
-                                     const v1::Layout& b) {
+std::string DescribeLayoutDifference(const v1::Layout& a, const v1::Layout& b) {
   auto diff = [](absl::string_view field, const auto& x, const auto& y) {
     return absl::StrCat(field, ": existing ", x, ", requested ", y);
   };
@@ -149,8 +147,7 @@ std::string DescribeLayoutDifference(const v1::Layout& a,
     return diff("num_layers", a.num_layers(), b.num_layers());
   }
   if (a.page_banks_size() != b.page_banks_size()) {
-    return diff("page_banks (count)", a.page_banks_size(),
-                b.page_banks_size());
+    return diff("page_banks (count)", a.page_banks_size(), b.page_banks_size());
   }
   for (int i = 0; i < a.page_banks_size(); ++i) {
     const auto& x = a.page_banks(i);
@@ -166,7 +163,8 @@ std::string DescribeLayoutDifference(const v1::Layout& a,
     return diff("snapshot_row_bytes", a.snapshot_row_bytes(),
                 b.snapshot_row_bytes());
   }
-  if (a.tp_size() != b.tp_size()) return diff("tp_size", a.tp_size(), b.tp_size());
+  if (a.tp_size() != b.tp_size())
+    return diff("tp_size", a.tp_size(), b.tp_size());
   if (a.replicated() != b.replicated()) {
     return diff("replicated", a.replicated(), b.replicated());
   }
@@ -184,8 +182,8 @@ uint32_t HashBytes(v1::HashKind kind) {
 std::string DeriveHashSeed(absl::string_view namespace_name,
                            const Fingerprint& fingerprint,
                            absl::string_view tenant_salt, uint32_t hash_bytes) {
-  std::string text = absl::StrCat("kvtier.seed.v1;", namespace_name.size(),
-                                  ":", namespace_name, ";");
+  std::string text = absl::StrCat("kvtier.seed.v1;", namespace_name.size(), ":",
+                                  namespace_name, ";");
   text.append(reinterpret_cast<const char*>(fingerprint.data()),
               fingerprint.size());
   absl::StrAppend(&text, ";", tenant_salt.size(), ":");

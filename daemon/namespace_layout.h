@@ -14,9 +14,9 @@
 #include <array>
 #include <cstdint>
 #include <string>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "kvtier/v1/tier.pb.h"
 
 namespace kvtier::daemon {

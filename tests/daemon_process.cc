@@ -90,9 +90,9 @@ absl::Status Child::WaitForLine(const std::string& line,
         if (output_.find(line + "\n") != std::string::npos) {
           return absl::OkStatus();
         }
-        return absl::NotFoundError(absl::StrCat(
-            "child exited (status ", status, ") before '", line,
-            "'; output: ", output_));
+        return absl::NotFoundError(absl::StrCat("child exited (status ", status,
+                                                ") before '", line,
+                                                "'; output: ", output_));
       }
     }
   }
@@ -154,8 +154,8 @@ DaemonProcess::~DaemonProcess() {
 absl::Status DaemonProcess::Start(const std::vector<std::string>& extra) {
   std::vector<std::string> argv = {
       ResolveProgram(KVTIER_KVTIERD_PATH, "daemon/kvtierd"),
-      "--socket=" + socket_, "--shm_dir=" + shm_dir_,
-      "--huge_pages=off",   "--log_level=warn"};
+      "--socket=" + socket_, "--shm_dir=" + shm_dir_, "--huge_pages=off",
+      "--log_level=warn"};
   argv.insert(argv.end(), extra.begin(), extra.end());
   auto child = Child::Spawn(argv);
   if (!child.ok()) return child.status();

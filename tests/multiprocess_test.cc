@@ -28,8 +28,8 @@ const std::string kCtl = ResolveProgram(KVTIER_KVTIERCTL_PATH, "cli/kvtierctl");
 absl::StatusOr<int> RunClient(const DaemonProcess& d, const std::string& mode,
                               const std::string& ns, uint32_t pages,
                               uint64_t seed, std::string* output = nullptr) {
-  auto child = Child::Spawn({kClient, mode, d.socket(), ns,
-                             absl::StrCat(pages), absl::StrCat(seed)});
+  auto child = Child::Spawn(
+      {kClient, mode, d.socket(), ns, absl::StrCat(pages), absl::StrCat(seed)});
   if (!child.ok()) return child.status();
   auto rc = child->Wait(absl::Seconds(60));
   if (output != nullptr) *output = child->output();
@@ -58,8 +58,8 @@ TEST(MultiProcessTest, CommittedBytesSurviveTheWriterProcess) {
 TEST(MultiProcessTest, KilledClientReleasesRowsWithinASecond) {
   DaemonProcess daemon;
   ASSERT_TRUE(daemon.Start().ok());
-  auto holder = Child::Spawn({kClient, "hold", daemon.socket(), "churn", "16",
-                              "11"});
+  auto holder =
+      Child::Spawn({kClient, "hold", daemon.socket(), "churn", "16", "11"});
   ASSERT_TRUE(holder.ok()) << holder.status();
   ASSERT_TRUE(holder->WaitForLine("READY", absl::Seconds(30)).ok())
       << holder->output();
@@ -125,9 +125,10 @@ TEST(MultiProcessTest, RestartedDaemonReopensSegments) {
 
 TEST(MultiProcessTest, KvtierctlShowsNamespacesAndBanks) {
   DaemonProcess daemon;
-  ASSERT_TRUE(daemon.Start({"--demo_namespace=demo",
-                            "--default_namespace_bytes=4194304"})
-                  .ok());
+  ASSERT_TRUE(
+      daemon
+          .Start({"--demo_namespace=demo", "--default_namespace_bytes=4194304"})
+          .ok());
   auto w = RunClient(daemon, "write", "ctl", 12, 5);
   ASSERT_TRUE(w.ok());
   ASSERT_EQ(*w, 0);
@@ -143,7 +144,8 @@ TEST(MultiProcessTest, KvtierctlShowsNamespacesAndBanks) {
   EXPECT_THAT(out, HasSubstr("scale"));
   EXPECT_THAT(out, HasSubstr("USED"));
   // 12 pages used of 64 in the "ctl" namespace's kv bank.
-  EXPECT_THAT(out, ::testing::ContainsRegex("ctl +kv +0 +4.0 KiB +64 +12 +0 +52"));
+  EXPECT_THAT(out,
+              ::testing::ContainsRegex("ctl +kv +0 +4.0 KiB +64 +12 +0 +52"));
 
   auto json = Child::Spawn(
       {kCtl, "--socket=" + daemon.socket(), "--json", "prefixes", "ctl"});
@@ -151,9 +153,8 @@ TEST(MultiProcessTest, KvtierctlShowsNamespacesAndBanks) {
   ASSERT_TRUE(json->Wait(absl::Seconds(30)).ok());
   EXPECT_THAT(json->output(), HasSubstr("\"pages\": 12"));
 
-  auto unreachable =
-      Child::Spawn({kCtl, "--socket=/nonexistent.sock", "--timeout=0.5",
-                    "status"});
+  auto unreachable = Child::Spawn(
+      {kCtl, "--socket=/nonexistent.sock", "--timeout=0.5", "status"});
   ASSERT_TRUE(unreachable.ok());
   auto urc = unreachable->Wait(absl::Seconds(30));
   ASSERT_TRUE(urc.ok());

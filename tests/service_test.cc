@@ -74,9 +74,9 @@ TEST_F(ServiceTest, ReflectionListsAndDescribesTierService) {
   ASSERT_EQ(file.service_size(), 1);
   std::vector<std::string> methods;
   for (const auto& m : file.service(0).method()) methods.push_back(m.name());
-  for (const char* m : {"Session", "Attach", "Lookup", "Reserve", "Commit",
-                        "Abort", "Release", "Drop", "Stats", "ListNamespaces",
-                        "ListPrefixes"}) {
+  for (const char* m :
+       {"Session", "Attach", "Lookup", "Reserve", "Commit", "Abort", "Release",
+        "Drop", "Stats", "ListNamespaces", "ListPrefixes"}) {
     EXPECT_THAT(methods, Contains(m));
   }
   stream->WritesDone();

@@ -37,15 +37,16 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string mode = argv[1];
-  const uint32_t pages = static_cast<uint32_t>(std::strtoul(argv[4], nullptr, 10));
+  const uint32_t pages =
+      static_cast<uint32_t>(std::strtoul(argv[4], nullptr, 10));
   const uint64_t seed = std::strtoull(argv[5], nullptr, 10);
   auto client = kvtier::Client::Connect(
       {.socket = argv[2], .client_name = "test-client-" + mode});
   if (!client.ok()) return Die("connect", client.status());
   auto ns = (*client)->Attach(kvtier::testing::TestAttachOptions(argv[3]));
   if (!ns.ok()) return Die("attach", ns.status());
-  const std::string hashes = (*ns)->hasher().HashChain(
-      kvtier::testing::TestTokens(seed, pages * 16));
+  const std::string hashes =
+      (*ns)->hasher().HashChain(kvtier::testing::TestTokens(seed, pages * 16));
   if (hashes.size() != pages * (*ns)->hasher().hash_bytes()) {
     return Die("hash", absl::InternalError("wrong hash count"));
   }

@@ -29,20 +29,21 @@
 namespace {
 
 constexpr uint32_t kLayers = 32;
-constexpr uint64_t kCodeBytes = 16 * 8 * 128;  // 16 tokens x 8 heads x 128, fp8.
-constexpr uint64_t kScaleBytes = 16 * 4;        // Per-token fp32 scale.
+constexpr uint64_t kCodeBytes =
+    16 * 8 * 128;                         // 16 tokens x 8 heads x 128, fp8.
+constexpr uint64_t kScaleBytes = 16 * 4;  // Per-token fp32 scale.
 constexpr uint64_t kPoolPages = 512;
-constexpr uint64_t kSnapState = 1 << 20;        // A recurrent state segment.
-constexpr uint64_t kSnapConv = 3000;            // An odd-sized conv state.
+constexpr uint64_t kSnapState = 1 << 20;  // A recurrent state segment.
+constexpr uint64_t kSnapConv = 3000;      // An odd-sized conv state.
 constexpr uint64_t kSnapSlots = 8;
 
-#define CUDA_OK(x)                                                        \
-  do {                                                                    \
-    cudaError_t e = (x);                                                  \
-    if (e != cudaSuccess) {                                               \
-      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e));        \
-      std::exit(1);                                                       \
-    }                                                                     \
+#define CUDA_OK(x)                                                 \
+  do {                                                             \
+    cudaError_t e = (x);                                           \
+    if (e != cudaSuccess) {                                        \
+      std::fprintf(stderr, "%s: %s\n", #x, cudaGetErrorString(e)); \
+      std::exit(1);                                                \
+    }                                                              \
   } while (0)
 
 int Die(const char* what, const absl::Status& s) {
@@ -76,14 +77,17 @@ struct Pool {
     for (uint32_t t = 0; t < kLayers * 2; ++t) {
       uint8_t* c = nullptr;
       uint8_t* s = nullptr;
-      CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&c), kPoolPages * kCodeBytes));
-      CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&s), kPoolPages * kScaleBytes));
+      CUDA_OK(
+          cudaMalloc(reinterpret_cast<void**>(&c), kPoolPages * kCodeBytes));
+      CUDA_OK(
+          cudaMalloc(reinterpret_cast<void**>(&s), kPoolPages * kScaleBytes));
       CUDA_OK(cudaMemset(c, 0, kPoolPages * kCodeBytes));
       CUDA_OK(cudaMemset(s, 0, kPoolPages * kScaleBytes));
       codes.push_back(c);
       scales.push_back(s);
     }
-    CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&state), kSnapSlots * kSnapState));
+    CUDA_OK(
+        cudaMalloc(reinterpret_cast<void**>(&state), kSnapSlots * kSnapState));
     CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&conv), kSnapSlots * 3008));
     CUDA_OK(cudaMemset(state, 0, kSnapSlots * kSnapState));
     CUDA_OK(cudaMemset(conv, 0, kSnapSlots * 3008));
@@ -147,9 +151,8 @@ int main(int argc, char** argv) {
       (*ns)->hasher().HashChain(kvtier::testing::TestTokens(seed, n * 16));
   const std::string last = hashes.substr(hashes.size() - 32);
   Pool pool;
-  auto engine =
-      (*ns)->CreateTransferEngine(kvtier::client::Backend::kCuda,
-                                  pool.Descriptor());
+  auto engine = (*ns)->CreateTransferEngine(kvtier::client::Backend::kCuda,
+                                            pool.Descriptor());
   if (!engine.ok()) return Die("transfer engine", engine.status());
   cudaStream_t stream;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -232,8 +235,7 @@ int main(int argc, char** argv) {
                    static_cast<unsigned long>(bad));
       return 1;
     }
-    std::printf("VERIFIED %u pages x %u tensors + snapshot\n", n,
-                kLayers * 4);
+    std::printf("VERIFIED %u pages x %u tensors + snapshot\n", n, kLayers * 4);
     return 0;
   }
   return 2;

@@ -24,8 +24,8 @@ TEST(GpuMultiProcessTest, EvictInOneProcessRehydrateInAnother) {
   DaemonProcess daemon;
   ASSERT_TRUE(daemon.Start().ok());
   for (const char* mode : {"evict", "rehydrate"}) {
-    auto child = Child::Spawn(
-        {engine, mode, daemon.socket(), "gpu2p", "200", "4242"});
+    auto child =
+        Child::Spawn({engine, mode, daemon.socket(), "gpu2p", "200", "4242"});
     ASSERT_TRUE(child.ok()) << child.status();
     auto rc = child->Wait(absl::Seconds(120));
     ASSERT_TRUE(rc.ok()) << rc.status();

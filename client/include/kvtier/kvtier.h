@@ -40,8 +40,14 @@ typedef enum kvt_status {
   KVT_UNAUTHENTICATED = 16
 } kvt_status;
 
-typedef enum kvt_hash_kind { KVT_HASH_SHA256 = 1, KVT_HASH_XXH3_128 = 2 } kvt_hash_kind;
-typedef enum kvt_backend { KVT_BACKEND_CUDA = 0, KVT_BACKEND_REFERENCE = 1 } kvt_backend;
+typedef enum kvt_hash_kind {
+  KVT_HASH_SHA256 = 1,
+  KVT_HASH_XXH3_128 = 2
+} kvt_hash_kind;
+typedef enum kvt_backend {
+  KVT_BACKEND_CUDA = 0,
+  KVT_BACKEND_REFERENCE = 1
+} kvt_backend;
 
 typedef struct kvt_client kvt_client;
 typedef struct kvt_namespace kvt_namespace;

@@ -39,10 +39,24 @@
 //   memcpy_loop   one cudaMemcpyAsync per page per tensor.
 //   memcpy_batch  one cudaMemcpyBatchAsync of every chunk (CUDA 12.8+),
 //                 stream-ordered source access.
-//   kvtier        TransferEngine::Evict / Rehydrate (slices of <= 128 pages)
-//                 at its default grid (kernels::kDefaultMaxCtas) at every
-//                 prefix, and at every --ctas count at --sweep_prefix. The
-//                 kernel's CTAs are spread one per SM, so sms = ctas.
+//   kvtier        TransferEngine::Evict / Rehydrate on the staged path (the
+//                 engine's default): a gather kernel of --staging_ctas CTAs
+//                 fills an HBM staging buffer, the copy engine moves it to
+//                 the host rows, double-buffered (the reverse to
+//                 rehydrate); snapshots go through the copy engine per
+//                 segment. Run at the default gather grid
+//                 (client::kDefaultStagingCtas) at every prefix and at every
+//                 --staging_ctas count at --sweep_prefix. sms = the gather's
+//                 CTAs, which hold their SMs only for a short burst per
+//                 slice. --kvtier_variants adds staged runs with other
+//                 engine options (name:key=value;...; keys staging_mib,
+//                 staging_ctas), reported as method "kvtier[name]".
+//   kvtier_direct the engine's direct path (TransferOptions::path kDirect,
+//                 the one CUDA graph capture uses): the copy kernel reads and
+//                 writes host rows over UVA, slices of <= 128 pages, at its
+//                 default grid (kernels::kDefaultMaxCtas) at every prefix
+//                 and at every --ctas count at --sweep_prefix. Its CTAs are
+//                 spread one per SM for the whole transfer, so sms = ctas.
 // Directions: evict (GPU -> host), rehydrate (host -> GPU), and both at once
 // (evict on one stream while rehydrating other pages/rows on another;
 // direction "both", bytes = both directions together, time = until both end).
@@ -51,8 +65,9 @@
 // stream, timed alone and while one transfer method keeps another stream
 // busy (a host thread keeps two transfers in flight); slowdown_pct =
 // (time with / time alone - 1) x 100, "alone" being the mean of the windows
-// just before and after, with the transfer's own GB/s under that load. cuBLAS is dlopen()ed (libcublas.so.13, --cublas_lib to point at
-// one); without it the GEMM part is skipped with a note.
+// just before and after, with the transfer's own GB/s under that load. cuBLAS
+// is dlopen()ed (libcublas.so.13, --cublas_lib to point at one); without it the
+// GEMM part is skipped with a note.
 //
 // Statistics: each configuration runs one warm-up, then up to --repeats
 // timed repeats, stopping early once it has --min_repeats and has spent
@@ -62,11 +77,11 @@
 // Before timing, each layout's methods are checked against each other byte
 // for byte on a few pages ("verify" in the JSON).
 //
-// Runtime on the H200 (2026-11-30): the default run took 207 s (a 20 GiB pool
-// and a 4 GiB arena, set up in 2 s; layouts a-c ~45 s each, d 24 s, e 20 s,
-// both directions 15 s, GEMM 16 s, before the GEMM baseline took a second
-// window per row: ~5 s more); --quick (the 8k prefix, <= 30 repeats, 0.4 s per
-// configuration, 100-GEMM windows) took 47 s. Configurations that hit
+// Runtime on the H200 (2026-11-30): the default run took 226 s (a 20 GiB pool
+// and a 4 GiB arena, set up in 3 s; layouts a-c 44-49 s each, d 26 s, e 19 s,
+// both directions 15 s, GEMM 20 s); --quick (the 8k prefix, <= 30 repeats,
+// 0.4 s per configuration, 100-GEMM windows) with six --kvtier_variants on
+// layouts a, b, d, e took 72 s. Configurations that hit
 // --max_config_seconds (32k prefixes, the per-chunk loop) get fewer than 100
 // repeats; raise it (and the run time) for a fuller p99 there.
 //
@@ -119,11 +134,21 @@
 ABSL_FLAG(double, pool_gib, 20, "GPU pool size in GiB (random pages over it)");
 ABSL_FLAG(std::string, prefixes, "1024,8192,32768", "Prefix lengths, tokens");
 ABSL_FLAG(std::string, layouts, "a,b,c,d,e", "Layouts to run (see the file comment)");
-ABSL_FLAG(std::string, methods, "contiguous,memcpy_loop,memcpy_batch,kvtier",
+ABSL_FLAG(std::string, methods,
+          "contiguous,memcpy_loop,memcpy_batch,kvtier,kvtier_direct",
           "Methods to run");
-ABSL_FLAG(std::string, ctas, "4,8,16,32,64",
-          "kvtier grid sizes swept at --sweep_prefix (the default grid is "
-          "always run at every prefix)");
+ABSL_FLAG(std::string, ctas, "8,16",
+          "kvtier_direct grid sizes swept at --sweep_prefix (the default "
+          "grid is always run at every prefix)");
+ABSL_FLAG(std::string, staging_ctas, "2,4,8",
+          "kvtier (staged) gather / scatter grid sizes swept at "
+          "--sweep_prefix (the default is always run at every prefix)");
+ABSL_FLAG(std::string, kvtier_variants, "",
+          "Extra staged configurations at --sweep_prefix, ','-separated "
+          "name:key=value;key=value (keys: staging_mib, staging_ctas)");
+ABSL_FLAG(double, deadline_s, 0,
+          "Stop starting measurements after this many seconds and print what "
+          "was measured (0: no deadline)");
 ABSL_FLAG(uint32_t, sweep_prefix, 8192,
           "Prefix (tokens) of the CTA sweep, both-directions and GEMM parts");
 ABSL_FLAG(uint32_t, snapshots, 8, "Snapshots per transfer for layout e");
@@ -470,15 +495,101 @@ absl::StatusOr<Bound> Bind(const LayoutDef& def, uint64_t pool,
 enum class Dir { kEvict, kRehydrate };
 const char* DirName(Dir d) { return d == Dir::kEvict ? "evict" : "rehydrate"; }
 
-enum class Method { kContiguous, kLoop, kBatch, kKvtier };
+enum class Method { kContiguous, kLoop, kBatch, kKvtier, kKvtierDirect };
 const char* MethodName(Method m) {
   switch (m) {
     case Method::kContiguous: return "contiguous";
     case Method::kLoop: return "memcpy_loop";
     case Method::kBatch: return "memcpy_batch";
     case Method::kKvtier: return "kvtier";
+    case Method::kKvtierDirect:
+      return "kvtier_direct";
   }
   return "?";
+}
+bool IsKvtier(Method m) {
+  return m == Method::kKvtier || m == Method::kKvtierDirect;
+}
+
+// One measured configuration: a method and, for kvtier's, the engine's
+// options.
+struct Config {
+  Method method = Method::kContiguous;
+  uint32_t ctas = 0;    // kernel CTAs (0: copy engines only)
+  std::string variant;  // a --kvtier_variants name, or ""
+  client::TransferOptions options;
+  bool default_grid = false;
+  std::string Name() const {
+    return variant.empty()
+               ? MethodName(method)
+               : absl::StrCat(MethodName(method), "[", variant, "]");
+  }
+};
+
+Config Baseline(Method m) {
+  Config c;
+  c.method = m;
+  return c;
+}
+
+Config Staged(uint32_t ctas) {
+  Config c;
+  c.method = Method::kKvtier;
+  c.ctas = ctas;
+  c.options.path = client::TransferPath::kStaged;
+  c.options.staging_ctas = ctas;
+  c.default_grid = ctas == client::kDefaultStagingCtas;
+  return c;
+}
+
+Config Direct(uint32_t ctas) {
+  Config c;
+  c.method = Method::kKvtierDirect;
+  c.ctas = ctas;
+  c.options.path = client::TransferPath::kDirect;
+  c.options.max_ctas = ctas;
+  c.default_grid = ctas == kernels::kDefaultMaxCtas;
+  return c;
+}
+
+// Parses --kvtier_variants.
+absl::StatusOr<std::vector<Config>> ParseVariants(const std::string& flag) {
+  std::vector<Config> out;
+  for (absl::string_view item : absl::StrSplit(flag, ',', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> nv =
+        absl::StrSplit(item, absl::MaxSplits(':', 1));
+    Config c = Staged(client::kDefaultStagingCtas);
+    c.variant = nv.first;
+    c.default_grid = false;
+    for (absl::string_view kv :
+         absl::StrSplit(nv.second, ';', absl::SkipEmpty())) {
+      std::pair<std::string, std::string> p =
+          absl::StrSplit(kv, absl::MaxSplits('=', 1));
+      uint64_t v = 0;
+      if (!absl::SimpleAtoi(p.second, &v)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--kvtier_variants: bad value in '", kv, "'"));
+      }
+      if (p.first == "staging_mib") {
+        c.options.staging_bytes = v << 20;
+      } else if (p.first == "staging_ctas") {
+        c.options.staging_ctas = static_cast<uint32_t>(v);
+        c.ctas = static_cast<uint32_t>(v);
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--kvtier_variants: unknown key '", p.first, "'"));
+      }
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+// A key naming the engine options of `c` (engines are shared by configs with
+// the same options).
+std::string OptionsKey(const client::TransferOptions& o) {
+  return absl::StrCat(static_cast<int>(o.path), "/", o.max_ctas, "/",
+                      o.staging_bytes, "/", o.staging_ctas);
 }
 
 // Draws distinct values below n, a fresh random subset each call.
@@ -618,7 +729,8 @@ absl::Status Enqueue(Transfer& t, cudaStream_t s) {
       }
       return absl::OkStatus();
     }
-    case Method::kKvtier: {
+    case Method::kKvtier:
+    case Method::kKvtierDirect: {
       if (t.b->def->snapshot()) {
         for (size_t i = 0; i < t.items.gpu.size(); ++i) {
           BENCH_RETURN_IF_ERROR(
@@ -886,12 +998,13 @@ std::string MachineJson(const cudaDeviceProp& prop) {
       "{\"gpu\": %s, \"sms\": %d, \"gpu_memory_gib\": %.1f, \"driver\": %s, "
       "\"cuda_driver_api\": %d, \"cuda_runtime\": %d, \"pci_bus\": %s, "
       "\"pcie_link\": %s, \"gpu_numa_node\": %s, \"host\": %s, \"cpu\": %s, "
-      "\"cpus\": %d, \"kernel\": %s}",
+      "\"cpus\": %d, \"kernel\": %s, \"async_engines\": %d}",
       JsonString(prop.name), prop.multiProcessorCount,
       static_cast<double>(prop.totalGlobalMem) / kGiB, JsonString(driver),
-      driver_api, runtime, JsonString(bus), JsonString(link),
-      JsonString(numa), JsonString(u.nodename), JsonString(cpu),
-      std::thread::hardware_concurrency(), JsonString(u.release));
+      driver_api, runtime, JsonString(bus), JsonString(link), JsonString(numa),
+      JsonString(u.nodename), JsonString(cpu),
+      std::thread::hardware_concurrency(), JsonString(u.release),
+      prop.asyncEngineCount);
 }
 
 // ---------------------------------------------------------------------------
@@ -904,18 +1017,26 @@ class Bench {
   std::string Json() const;
 
  private:
-  // Engine for `b` at `ctas`, created on first use.
-  absl::StatusOr<TransferEngine*> Engine(const Bound& b, uint32_t ctas);
+  // Engine for `b` with `options`, created on first use.
+  absl::StatusOr<TransferEngine*> Engine(
+      const Bound& b, const client::TransferOptions& options);
+  // The configurations of the selected methods: each baseline once, kvtier
+  // and kvtier_direct at their default grids, and with `sweep` every swept
+  // grid and variant as well.
+  std::vector<Config> Configs(bool sweep) const;
   // Prepares `t` (method, dir, b set) with fresh random items.
   void Fresh(Transfer* t, size_t n);
-  absl::Status MeasureOne(const Bound& b, Method m, uint32_t ctas, Dir dir,
+  absl::Status MeasureOne(const Bound& b, const Config& c, Dir dir,
                           uint32_t prefix_tokens, size_t n);
-  absl::Status MeasureBoth(const Bound& b, Method m, uint32_t ctas,
+  absl::Status MeasureBoth(const Bound& b, const Config& c,
                            uint32_t prefix_tokens, size_t n);
   std::string Verify(const Bound& b);
   absl::Status Gemm();
   absl::Status FillPool();
   void Fail(const absl::Status& st, absl::string_view where);
+  // True once the context is unusable or --deadline_s has passed (noted in
+  // the JSON once): no further measurement starts.
+  bool Stop();
   size_t ItemsFor(const Bound& b, uint32_t prefix_tokens) const {
     return b.def->snapshot() ? snapshots_
                              : prefix_tokens / b.def->tokens_per_page;
@@ -925,7 +1046,9 @@ class Bench {
   Policy policy_;
   std::vector<uint32_t> prefixes_;
   std::vector<std::string> layout_keys_, methods_;
-  std::vector<uint32_t> ctas_;
+  std::vector<uint32_t> ctas_;          // kvtier_direct sweep
+  std::vector<uint32_t> staging_ctas_;  // kvtier (staged) sweep
+  std::vector<Config> variants_;
   uint32_t sweep_prefix_ = 8192;
   uint32_t snapshots_ = 8;
   bool quick_ = false;
@@ -953,6 +1076,7 @@ class Bench {
   std::vector<std::string> errors_;
   std::vector<std::pair<std::string, double>> sections_;
   bool dead_ = false;  // the CUDA context is unusable
+  bool out_of_time_ = false;  // --deadline_s passed
 };
 
 void Bench::Fail(const absl::Status& st, absl::string_view where) {
@@ -970,6 +1094,22 @@ void Bench::Fail(const absl::Status& st, absl::string_view where) {
   }
 }
 
+bool Bench::Stop() {
+  if (dead_) return true;
+  const double deadline = absl::GetFlag(FLAGS_deadline_s);
+  if (deadline > 0 && Elapsed() > deadline) {
+    if (!out_of_time_) {
+      out_of_time_ = true;
+      Notes().push_back(absl::StrFormat(
+          "--deadline_s %.0f reached: the measurements after it were skipped",
+          deadline));
+      Progress("deadline reached, skipping the rest");
+    }
+    return true;
+  }
+  return false;
+}
+
 absl::Status Bench::Setup() {
   policy_.repeats = absl::GetFlag(FLAGS_repeats);
   policy_.min_repeats = absl::GetFlag(FLAGS_min_repeats);
@@ -978,6 +1118,13 @@ absl::Status Bench::Setup() {
   layout_keys_ = SplitList(absl::GetFlag(FLAGS_layouts));
   methods_ = SplitList(absl::GetFlag(FLAGS_methods));
   ctas_ = SplitUints(absl::GetFlag(FLAGS_ctas));
+  staging_ctas_ = SplitUints(absl::GetFlag(FLAGS_staging_ctas));
+  {
+    absl::StatusOr<std::vector<Config>> v =
+        ParseVariants(absl::GetFlag(FLAGS_kvtier_variants));
+    if (!v.ok()) return v.status();
+    variants_ = *std::move(v);
+  }
   sweep_prefix_ = absl::GetFlag(FLAGS_sweep_prefix);
   snapshots_ = std::max<uint32_t>(1, absl::GetFlag(FLAGS_snapshots));
   gemm_n_ = absl::GetFlag(FLAGS_gemm_n);
@@ -997,6 +1144,12 @@ absl::Status Bench::Setup() {
   }
   std::sort(ctas_.begin(), ctas_.end());
   for (uint32_t& c : ctas_) c = std::min(c, kernels::kMaxCtasLimit);
+  if (std::find(staging_ctas_.begin(), staging_ctas_.end(),
+                client::kDefaultStagingCtas) == staging_ctas_.end()) {
+    staging_ctas_.push_back(client::kDefaultStagingCtas);
+  }
+  std::sort(staging_ctas_.begin(), staging_ctas_.end());
+  for (uint32_t& c : staging_ctas_) c = std::min(c, kernels::kMaxCtasLimit);
   rng_.seed(absl::GetFlag(FLAGS_seed));
   date_ = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(),
                            absl::UTCTimeZone());
@@ -1105,18 +1258,45 @@ absl::Status Bench::FillPool() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<TransferEngine*> Bench::Engine(const Bound& b, uint32_t ctas) {
-  const std::string key = absl::StrCat(b.def->key, "/", ctas);
+absl::StatusOr<TransferEngine*> Bench::Engine(
+    const Bound& b, const client::TransferOptions& options) {
+  const std::string key = absl::StrCat(b.def->key, "/", OptionsKey(options));
   for (auto& [k, e] : engines_) {
     if (k == key) return e.get();
   }
-  client::TransferOptions o;
-  o.max_ctas = ctas;
   absl::StatusOr<std::unique_ptr<TransferEngine>> e = TransferEngine::Create(
-      client::Backend::kCuda, b.pool, b.banks, b.snapshot_bank, o);
+      client::Backend::kCuda, b.pool, b.banks, b.snapshot_bank, options);
   if (!e.ok()) return e.status();
+  if ((*e)->path() != options.path) {
+    return absl::InternalError(
+        absl::StrCat("engine took path ", static_cast<int>((*e)->path()),
+                     ", asked for ", static_cast<int>(options.path)));
+  }
   engines_.emplace_back(key, *std::move(e));
   return engines_.back().second.get();
+}
+
+std::vector<Config> Bench::Configs(bool sweep) const {
+  std::vector<Config> out;
+  for (Method m : {Method::kContiguous, Method::kLoop, Method::kBatch}) {
+    if (Contains(methods_, MethodName(m))) out.push_back(Baseline(m));
+  }
+  if (Contains(methods_, MethodName(Method::kKvtier))) {
+    if (sweep) {
+      for (uint32_t c : staging_ctas_) out.push_back(Staged(c));
+      for (const Config& v : variants_) out.push_back(v);
+    } else {
+      out.push_back(Staged(client::kDefaultStagingCtas));
+    }
+  }
+  if (Contains(methods_, MethodName(Method::kKvtierDirect))) {
+    if (sweep) {
+      for (uint32_t c : ctas_) out.push_back(Direct(c));
+    } else {
+      out.push_back(Direct(kernels::kDefaultMaxCtas));
+    }
+  }
+  return out;
 }
 
 size_t IndexOf(const std::vector<Bound>& v, const Bound& b) {
@@ -1131,16 +1311,16 @@ void Bench::Fresh(Transfer* t, size_t n) {
   BuildChunks(t);
 }
 
-absl::Status Bench::MeasureOne(const Bound& b, Method m, uint32_t ctas, Dir dir,
+absl::Status Bench::MeasureOne(const Bound& b, const Config& c, Dir dir,
                                uint32_t prefix_tokens, size_t n) {
   Transfer t;
   t.b = &b;
   t.dir = dir;
-  t.method = m;
+  t.method = c.method;
   t.pool = reinterpret_cast<uint64_t>(pool_);
   t.arena_dev = arena_dev_;
-  if (m == Method::kKvtier) {
-    absl::StatusOr<TransferEngine*> e = Engine(b, ctas);
+  if (IsKvtier(c.method)) {
+    absl::StatusOr<TransferEngine*> e = Engine(b, c.options);
     if (!e.ok()) return e.status();
     t.engine = *e;
   }
@@ -1152,15 +1332,15 @@ absl::Status Bench::MeasureOne(const Bound& b, Method m, uint32_t ctas, Dir dir,
       [&](cudaStream_t s) { return Enqueue(t, s); }, stream_, ev_, policy_);
   if (!ms.ok()) return ms.status();
   Record r;
-  r.method = MethodName(m);
+  r.method = c.Name();
   r.layout = b.def;
   r.prefix_tokens = prefix_tokens;
   r.items = n;
   r.direction = DirName(dir);
   r.bytes = n * b.item_bytes;
-  r.ctas = m == Method::kKvtier ? ctas : 0;
+  r.ctas = c.ctas;
   r.sms = r.ctas;
-  r.default_grid = m == Method::kKvtier && ctas == kernels::kDefaultMaxCtas;
+  r.default_grid = c.default_grid;
   r.st = Summarize(*std::move(ms));
   Report(r);
   records_.push_back(r);
@@ -1169,20 +1349,20 @@ absl::Status Bench::MeasureOne(const Bound& b, Method m, uint32_t ctas, Dir dir,
 
 // Evicts n items on stream_ while rehydrating n other items (other GPU
 // pages, other rows) on stream2_, both released by one event.
-absl::Status Bench::MeasureBoth(const Bound& b, Method m, uint32_t ctas,
+absl::Status Bench::MeasureBoth(const Bound& b, const Config& c,
                                 uint32_t prefix_tokens, size_t n) {
   Transfer out, in;
   for (Transfer* t : {&out, &in}) {
     t->b = &b;
-    t->method = m;
+    t->method = c.method;
     t->pool = reinterpret_cast<uint64_t>(pool_);
     t->arena_dev = arena_dev_;
   }
   out.dir = Dir::kEvict;
   in.dir = Dir::kRehydrate;
   in.contiguous_offset = n * b.item_bytes;
-  if (m == Method::kKvtier) {
-    absl::StatusOr<TransferEngine*> e = Engine(b, ctas);
+  if (IsKvtier(c.method)) {
+    absl::StatusOr<TransferEngine*> e = Engine(b, c.options);
     if (!e.ok()) return e.status();
     out.engine = in.engine = *e;
   }
@@ -1223,15 +1403,15 @@ absl::Status Bench::MeasureBoth(const Bound& b, Method m, uint32_t ctas,
     }
   }
   Record r;
-  r.method = MethodName(m);
+  r.method = c.Name();
   r.layout = b.def;
   r.prefix_tokens = prefix_tokens;
   r.items = n;
   r.direction = "both";
   r.bytes = 2 * n * b.item_bytes;
-  r.ctas = m == Method::kKvtier ? ctas : 0;
+  r.ctas = c.ctas;
   r.sms = 2 * r.ctas;  // one grid per direction
-  r.default_grid = m == Method::kKvtier && ctas == kernels::kDefaultMaxCtas;
+  r.default_grid = c.default_grid;
   r.st = Summarize(both);
   r.evict_gbps_p50 = Gbps(n * b.item_bytes, Summarize(t_out).ms_p50);
   r.rehydrate_gbps_p50 = Gbps(n * b.item_bytes, Summarize(t_in).ms_p50);
@@ -1240,17 +1420,19 @@ absl::Status Bench::MeasureBoth(const Bound& b, Method m, uint32_t ctas,
   return absl::OkStatus();
 }
 
-// Moves the same few items with the loop, the batch and kvtier into
-// different rows (pre-filled with different bytes) and compares the rows;
-// then rehydrates with kvtier and evicts the result again with the loop.
+// Moves the same few items with the loop, the batch and each kvtier
+// configuration (staged, direct, every variant) into different rows
+// (pre-filled with different bytes) and compares the rows; then rehydrates
+// with each kvtier configuration and evicts the result again with the loop.
 std::string Bench::Verify(const Bound& b) {
   const size_t n = b.def->snapshot() ? std::min<size_t>(4, b.host_rows / 3)
                                      : 32;
   const size_t bi = IndexOf(bounds_, b);
   std::vector<Items> sets(3);
   PickItems(*gpu_pickers_[bi], *row_pickers_[bi], n, &sets);
-  absl::StatusOr<TransferEngine*> engine = Engine(b, kernels::kDefaultMaxCtas);
-  if (!engine.ok()) return engine.status().ToString();
+  std::vector<Config> kvtier = {Staged(client::kDefaultStagingCtas),
+                                Direct(kernels::kDefaultMaxCtas)};
+  for (const Config& v : variants_) kvtier.push_back(v);
   auto fill_rows = [&](const std::vector<uint32_t>& rows, uint8_t v) {
     for (size_t k = 0; k < b.bank_host.size(); ++k) {
       for (uint32_t r : rows) {
@@ -1275,12 +1457,16 @@ std::string Bench::Verify(const Bound& b) {
     }
     return "";
   };
-  auto run = [&](Method m, Dir dir, const Items& items) -> absl::Status {
+  auto run = [&](const Config& c, Dir dir, const Items& items) -> absl::Status {
     Transfer t;
     t.b = &b;
     t.dir = dir;
-    t.method = m;
-    t.engine = *engine;
+    t.method = c.method;
+    if (IsKvtier(c.method)) {
+      absl::StatusOr<TransferEngine*> e = Engine(b, c.options);
+      if (!e.ok()) return e.status();
+      t.engine = *e;
+    }
     t.items = items;
     BuildChunks(&t);
     BENCH_RETURN_IF_ERROR(Enqueue(t, stream_));
@@ -1292,27 +1478,30 @@ std::string Bench::Verify(const Bound& b) {
   kv.rows = sets[2].rows;
   fill_rows(loop.rows, 0x11);
   fill_rows(batch.rows, 0x22);
-  fill_rows(kv.rows, 0x33);
-  absl::Status st = run(Method::kLoop, Dir::kEvict, loop);
-  if (st.ok()) st = run(Method::kBatch, Dir::kEvict, batch);
-  if (st.ok()) st = run(Method::kKvtier, Dir::kEvict, kv);
+  absl::Status st = run(Baseline(Method::kLoop), Dir::kEvict, loop);
+  if (st.ok()) st = run(Baseline(Method::kBatch), Dir::kEvict, batch);
   if (!st.ok()) return st.ToString();
   std::string diff = compare(loop.rows, batch.rows);
   if (!diff.empty()) return "memcpy_batch evict vs memcpy_loop: " + diff;
-  diff = compare(loop.rows, kv.rows);
-  if (!diff.empty()) return "kvtier evict vs memcpy_loop: " + diff;
-  // kvtier rehydrates loop.rows into other GPU items; the loop evicts them
-  // into batch.rows; those must equal loop.rows.
-  Items back;
-  back.gpu = sets[1].gpu;
-  back.rows = loop.rows;
-  st = run(Method::kKvtier, Dir::kRehydrate, back);
-  fill_rows(batch.rows, 0x44);
-  back.rows = batch.rows;
-  if (st.ok()) st = run(Method::kLoop, Dir::kEvict, back);
-  if (!st.ok()) return st.ToString();
-  diff = compare(loop.rows, batch.rows);
-  if (!diff.empty()) return "kvtier rehydrate round trip: " + diff;
+  for (const Config& c : kvtier) {
+    fill_rows(kv.rows, 0x33);
+    st = run(c, Dir::kEvict, kv);
+    if (!st.ok()) return c.Name() + ": " + st.ToString();
+    diff = compare(loop.rows, kv.rows);
+    if (!diff.empty()) return c.Name() + " evict vs memcpy_loop: " + diff;
+    // kvtier rehydrates loop.rows into other GPU items; the loop evicts
+    // them into batch.rows; those must equal loop.rows.
+    Items back;
+    back.gpu = sets[1].gpu;
+    back.rows = loop.rows;
+    st = run(c, Dir::kRehydrate, back);
+    fill_rows(batch.rows, 0x44);
+    back.rows = batch.rows;
+    if (st.ok()) st = run(Baseline(Method::kLoop), Dir::kEvict, back);
+    if (!st.ok()) return c.Name() + ": " + st.ToString();
+    diff = compare(loop.rows, batch.rows);
+    if (!diff.empty()) return c.Name() + " rehydrate round trip: " + diff;
+  }
   return "ok";
 }
 
@@ -1400,24 +1589,15 @@ absl::Status Bench::Gemm() {
 
   const size_t items = ItemsFor(*b, sweep_prefix_);
   std::vector<std::string> runs;
-  struct Config {
-    Method m;
-    uint32_t ctas;
-  };
-  std::vector<Config> configs;
-  for (Method m : {Method::kContiguous, Method::kLoop, Method::kBatch}) {
-    if (Contains(methods_, MethodName(m))) configs.push_back({m, 0});
-  }
-  if (Contains(methods_, "kvtier")) {
-    for (uint32_t ct : ctas_) configs.push_back({Method::kKvtier, ct});
-  }
+  const std::vector<Config> configs = Configs(/*sweep=*/true);
   for (Dir dir : {Dir::kEvict, Dir::kRehydrate}) {
     for (const Config& cfg : configs) {
+      if (Stop()) break;
       absl::StatusOr<double> alone = window();
       if (!alone.ok()) return alone.status();
       TransferEngine* engine = nullptr;
-      if (cfg.m == Method::kKvtier) {
-        absl::StatusOr<TransferEngine*> e = Engine(*b, cfg.ctas);
+      if (IsKvtier(cfg.method)) {
+        absl::StatusOr<TransferEngine*> e = Engine(*b, cfg.options);
         if (!e.ok()) return e.status();
         engine = *e;
       }
@@ -1439,7 +1619,7 @@ absl::Status Bench::Gemm() {
         Transfer t;
         t.b = b;
         t.dir = dir;
-        t.method = cfg.m;
+        t.method = cfg.method;
         t.engine = engine;
         t.pool = reinterpret_cast<uint64_t>(pool_);
         t.arena_dev = arena_dev_;
@@ -1483,19 +1663,20 @@ absl::Status Bench::Gemm() {
       const double base_ms = (*alone + *after) / 2;
       const double slowdown = (*with / base_ms - 1) * 100;
       const double gbps = Gbps(bg_bytes, bg_ms);
-      Progress("GEMM beside %-9s %-12s ctas=%-3u: %.3f -> %.3f ms (%+.1f%%), "
-               "transfer %.1f GB/s",
-               DirName(dir), MethodName(cfg.m), cfg.ctas, base_ms, *with,
-               slowdown, gbps);
+      Progress(
+          "GEMM beside %-9s %-12s ctas=%-3u: %.3f -> %.3f ms (%+.1f%%), "
+          "transfer %.1f GB/s",
+          DirName(dir), cfg.Name(), cfg.ctas, base_ms, *with, slowdown, gbps);
       runs.push_back(absl::StrFormat(
           "{\"method\": \"%s\", \"direction\": \"%s\", \"layout\": \"%s\", "
           "\"prefix_tokens\": %d, \"ctas\": %d, \"sms\": %d, "
+          "\"default_grid\": %s, "
           "\"gemm_ms_alone\": %.4f, \"gemm_ms_alone_before\": %.4f, "
           "\"gemm_ms_alone_after\": %.4f, \"gemm_ms_with\": %.4f, "
           "\"slowdown_pct\": %.2f, \"transfer_gbps\": %.3f}",
-          MethodName(cfg.m), DirName(dir), b->def->key, sweep_prefix_,
-          cfg.ctas, cfg.ctas, base_ms, *alone, *after, *with, slowdown,
-          gbps));
+          cfg.Name(), DirName(dir), b->def->key, sweep_prefix_, cfg.ctas,
+          cfg.ctas, cfg.default_grid ? "true" : "false", base_ms, *alone,
+          *after, *with, slowdown, gbps));
     }
   }
   cb->destroy(handle);
@@ -1528,18 +1709,9 @@ void Bench::Run() {
   }
   section("verify", t0);
 
-  auto methods = [&] {
-    std::vector<Method> out;
-    for (Method m : {Method::kContiguous, Method::kLoop, Method::kBatch,
-                     Method::kKvtier}) {
-      if (Contains(methods_, MethodName(m))) out.push_back(m);
-    }
-    return out;
-  }();
-
   // Main matrix, then the CTA sweep.
   for (const Bound& b : bounds_) {
-    if (dead_) break;
+    if (Stop()) break;
     t0 = Elapsed();
     std::vector<uint32_t> prefixes = prefixes_;
     if (b.def->snapshot()) prefixes = {0};
@@ -1548,32 +1720,25 @@ void Bench::Run() {
       if (n == 0 || n > b.gpu_items / 2 || n > b.host_rows) continue;
       const bool sweep = b.def->snapshot() || prefix == sweep_prefix_;
       for (Dir dir : {Dir::kEvict, Dir::kRehydrate}) {
-        for (Method m : methods) {
-          std::vector<uint32_t> grid = {kernels::kDefaultMaxCtas};
-          if (m == Method::kKvtier && sweep) grid = ctas_;
-          if (m != Method::kKvtier) grid = {0};
-          for (uint32_t ctas : grid) {
-            if (dead_) break;
-            absl::Status st = MeasureOne(b, m, ctas, dir, prefix, n);
-            if (!st.ok()) {
-              Fail(st, absl::StrCat(b.def->key, " ", prefix, " ", DirName(dir),
-                                    " ", MethodName(m), " ctas ", ctas));
-            }
+        for (const Config& c : Configs(sweep)) {
+          if (Stop()) break;
+          absl::Status st = MeasureOne(b, c, dir, prefix, n);
+          if (!st.ok()) {
+            Fail(st, absl::StrCat(b.def->key, " ", prefix, " ", DirName(dir),
+                                  " ", c.Name(), " ctas ", c.ctas));
           }
         }
       }
     }
     // If the sweep prefix is not among --prefixes, sweep it on its own.
-    if (!b.def->snapshot() &&
-        std::find(prefixes.begin(), prefixes.end(), sweep_prefix_) ==
-            prefixes.end() &&
-        Contains(methods_, "kvtier")) {
+    if (!b.def->snapshot() && std::find(prefixes.begin(), prefixes.end(),
+                                        sweep_prefix_) == prefixes.end()) {
       const size_t n = ItemsFor(b, sweep_prefix_);
       for (Dir dir : {Dir::kEvict, Dir::kRehydrate}) {
-        for (uint32_t ctas : ctas_) {
-          if (dead_ || n == 0 || n > b.gpu_items / 2) break;
-          absl::Status st =
-              MeasureOne(b, Method::kKvtier, ctas, dir, sweep_prefix_, n);
+        for (const Config& c : Configs(/*sweep=*/true)) {
+          if (!IsKvtier(c.method)) continue;
+          if (Stop() || n == 0 || n > b.gpu_items / 2) break;
+          absl::Status st = MeasureOne(b, c, dir, sweep_prefix_, n);
           if (!st.ok()) Fail(st, absl::StrCat(b.def->key, " sweep"));
         }
       }
@@ -1587,20 +1752,15 @@ void Bench::Run() {
     const std::vector<std::string> keys =
         SplitList(absl::GetFlag(FLAGS_bidirectional_layouts));
     for (const Bound& b : bounds_) {
-      if (dead_ || !Contains(keys, b.def->key) || b.def->snapshot()) continue;
+      if (Stop() || !Contains(keys, b.def->key) || b.def->snapshot()) continue;
       const size_t n = ItemsFor(b, sweep_prefix_);
       if (n == 0 || 2 * n > b.host_rows || 2 * n > b.gpu_items) continue;
-      for (Method m : methods) {
-        if (m == Method::kLoop) continue;  // one host thread cannot feed two
-        std::vector<uint32_t> grid =
-            m == Method::kKvtier ? ctas_ : std::vector<uint32_t>{0};
-        for (uint32_t ctas : grid) {
-          if (dead_) break;
-          absl::Status st = MeasureBoth(b, m, ctas, sweep_prefix_, n);
-          if (!st.ok()) {
-            Fail(st, absl::StrCat(b.def->key, " both ", MethodName(m), " ",
-                                  ctas));
-          }
+      for (const Config& c : Configs(/*sweep=*/true)) {
+        // One host thread cannot feed two per-chunk loops.
+        if (c.method == Method::kLoop || Stop()) continue;
+        absl::Status st = MeasureBoth(b, c, sweep_prefix_, n);
+        if (!st.ok()) {
+          Fail(st, absl::StrCat(b.def->key, " both ", c.Name(), " ", c.ctas));
         }
       }
     }
@@ -1608,7 +1768,7 @@ void Bench::Run() {
   section("both directions", t0);
 
   t0 = Elapsed();
-  if (absl::GetFlag(FLAGS_gemm) && !dead_) {
+  if (absl::GetFlag(FLAGS_gemm) && !Stop()) {
     absl::Status st = Gemm();
     if (!st.ok()) {
       Fail(st, "gemm");
@@ -1628,14 +1788,20 @@ std::string Bench::Json() const {
       " \"config\": {\"pool_gib\": %.2f, \"arena_gib\": %.2f, \"quick\": %s, "
       "\"repeats\": %d, \"min_repeats\": %d, \"max_config_seconds\": %.2f, "
       "\"prefixes\": [%s], \"sweep_prefix\": %d, \"ctas\": [%s], "
-      "\"default_ctas\": %d, \"snapshots\": %d, \"slice_pages\": %d, "
+      "\"default_ctas\": %d, \"staging_ctas\": [%s], "
+      "\"default_staging_ctas\": %d, \"staging_bytes\": %d, "
+      "\"kvtier_variants\": %s, "
+      "\"snapshots\": %d, \"slice_pages\": %d, "
       "\"gbps\": \"1e9 bytes/s of payload\", \"host_memory\": "
       "\"MAP_SHARED|MAP_ANONYMOUS, populated, cudaHostRegister "
       "Mapped|Portable\"},\n",
       double(pool_bytes_) / kGiB, double(arena_bytes_) / kGiB,
       quick_ ? "true" : "false", policy_.repeats, policy_.min_repeats,
       policy_.max_seconds, absl::StrJoin(prefixes_, ", "), sweep_prefix_,
-      absl::StrJoin(ctas_, ", "), kernels::kDefaultMaxCtas, snapshots_,
+      absl::StrJoin(ctas_, ", "), kernels::kDefaultMaxCtas,
+      absl::StrJoin(staging_ctas_, ", "), client::kDefaultStagingCtas,
+      client::kDefaultStagingBytes,
+      JsonString(absl::GetFlag(FLAGS_kvtier_variants)), snapshots_,
       client::kMaxSlicePages);
   std::vector<std::string> layouts;
   for (const Bound& b : bounds_) {

@@ -29,7 +29,7 @@ target_include_directories(kvtier_transfer PUBLIC
 # CUDA runtime.
 target_link_libraries(kvtier_transfer
   PUBLIC kvtier_kernels absl::status absl::statusor absl::span
-  PRIVATE absl::strings absl::str_format)
+  PRIVATE absl::strings absl::str_format absl::synchronization)
 
 kvtier_test(block_hash_test
   SOURCES ${_kvtier_client_dir}/block_hash_test.cc

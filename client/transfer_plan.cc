@@ -215,6 +215,24 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
         absl::StrCat("max_ctas ", options.max_ctas, " is not in [1, ",
                      kernels::kMaxCtasLimit, "]"));
   }
+  if (options.staging_ctas == 0 ||
+      options.staging_ctas > kernels::kMaxCtasLimit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("staging_ctas ", options.staging_ctas, " is not in [1, ",
+                     kernels::kMaxCtasLimit, "]"));
+  }
+  if (options.staging_bytes == 0 || options.staging_bytes > kMaxStagingBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("staging_bytes ", options.staging_bytes, " is not in [1, ",
+                     kMaxStagingBytes, "]"));
+  }
+  if (options.path != TransferPath::kAuto &&
+      options.path != TransferPath::kStaged &&
+      options.path != TransferPath::kDirect) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("path ", static_cast<uint32_t>(options.path),
+                     " is not a TransferPath"));
+  }
   if (pool.num_pages == 0) {
     return absl::InvalidArgumentError("num_pages is 0");
   }
@@ -370,10 +388,50 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
   plan.snapshot_bank_ = snapshot_bank;
   plan.rows_ = page_banks[0].second.rows;
   plan.max_ctas_ = options.max_ctas;
+  plan.options_ = options;
   for (size_t i = 0; i < pool.banks.size(); ++i) {
     AppendSegments(pool.banks[i].tensors, page_banks[i].second,
                    &plan.page_segments_, &plan.page_chunks_);
   }
+
+  // Staging: one region per bank, rows at the bank's own row stride, so a
+  // tensor sits at the same offset (and alignment) in a staged row as in a
+  // host row.
+  StagingLayout& st = plan.staging_;
+  for (const NamedHostBank& b : page_banks)
+    st.page_bytes += b.second.row_stride;
+  const uint64_t fit = options.staging_bytes / st.page_bytes;
+  st.slice_pages = static_cast<uint32_t>(
+      std::min<uint64_t>({fit, kMaxSlicePages, pool.num_pages}));
+  if (st.slice_pages == 0) {
+    if (options.path == TransferPath::kStaged) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("staging_bytes ", options.staging_bytes,
+                       " cannot hold one page: a page takes ", st.page_bytes,
+                       " bytes over all page banks (row strides)"));
+    }
+    st = StagingLayout{};
+  } else {
+    st.buffer_bytes = st.slice_pages * st.page_bytes;
+    uint64_t region = 0;
+    for (size_t i = 0; i < page_banks.size(); ++i) {
+      st.region.push_back(region);
+      const HostBankView staged{region, st.slice_pages,
+                                page_banks[i].second.row_bytes,
+                                page_banks[i].second.row_stride};
+      uint32_t chunks = 0;
+      AppendSegments(pool.banks[i].tensors, staged, &plan.staged_segments_,
+                     &chunks);
+      region += st.slice_pages * page_banks[i].second.row_stride;
+    }
+    // chunk_begin continues across banks, as in page_segments_.
+    for (size_t k = 0; k < plan.staged_segments_.size(); ++k) {
+      plan.staged_segments_[k].chunk_begin = plan.page_segments_[k].chunk_begin;
+    }
+  }
+  plan.path_ = options.path == TransferPath::kDirect || st.slice_pages == 0
+                   ? TransferPath::kDirect
+                   : TransferPath::kStaged;
   if (snapshot_bank) {
     AppendSegments(pool.snapshot, *snapshot_bank, &plan.snapshot_segments_,
                    &plan.snapshot_chunks_);
@@ -443,6 +501,80 @@ void TransferPlan::FillSnapshot(CopyDirection direction, uint32_t slot,
              params);
   params->gpu_index[0] = slot;
   params->host_index[0] = row;
+}
+
+std::vector<uint32_t> TransferPlan::StagedSlices(CopyDirection direction,
+                                                 size_t num_pages) const {
+  const uint32_t full = staging_.slice_pages;
+  std::vector<uint32_t> sizes;
+  // Ramp: 1/8 of a buffer, then doubling up to a full buffer.
+  uint32_t next = std::max<uint32_t>(1, full / 8);
+  for (size_t left = num_pages; left > 0;) {
+    const uint32_t n = static_cast<uint32_t>(std::min<size_t>(next, left));
+    sizes.push_back(n);
+    left -= n;
+    next = std::min(full, 2 * next);
+  }
+  if (direction == CopyDirection::kFromHost) {
+    std::reverse(sizes.begin(), sizes.end());
+  }
+  return sizes;
+}
+
+void TransferPlan::FillStagedSlice(CopyDirection direction,
+                                   absl::Span<const uint32_t> gpu_pages,
+                                   size_t begin, size_t count,
+                                   uint64_t staging_base,
+                                   PageCopyParams* params) const {
+  FillHeader(direction, static_cast<uint32_t>(count), staged_segments_,
+             page_chunks_, options_.staging_ctas, params);
+  for (uint32_t k = 0; k < params->header.num_segments; ++k) {
+    params->segments[k].host_base += staging_base;
+  }
+  std::copy_n(gpu_pages.begin() + begin, count, params->gpu_index);
+  for (size_t i = 0; i < count; ++i) {
+    params->host_index[i] = static_cast<uint32_t>(i);
+  }
+}
+
+void TransferPlan::StagedCopies(absl::Span<const uint32_t> rows,
+                                uint64_t staging_base,
+                                std::vector<EngineCopy>* copies) const {
+  for (size_t j = 0; j < page_banks_.size(); ++j) {
+    const HostBankView& bank = page_banks_[j].second;
+    const uint64_t region = staging_base + staging_.region[j];
+    const bool packed = bank.row_stride == bank.row_bytes;
+    for (size_t i = 0; i < rows.size();) {
+      size_t run = 1;
+      while (packed && i + run < rows.size() &&
+             rows[i + run] == rows[i] + run) {
+        ++run;
+      }
+      copies->push_back(EngineCopy{
+          region + i * bank.row_stride,
+          bank.base + static_cast<uint64_t>(rows[i]) * bank.row_stride,
+          (run - 1) * bank.row_stride + bank.row_bytes});
+      i += run;
+    }
+  }
+}
+
+void TransferPlan::SnapshotCopies(uint32_t slot, uint32_t row,
+                                  std::vector<EngineCopy>* copies) const {
+  const size_t first = copies->size();
+  for (const PageCopySegment& s : snapshot_segments_) {
+    const uint64_t device = s.gpu_base + slot * s.gpu_stride;
+    const uint64_t host = s.host_base + row * s.host_stride;
+    if (copies->size() > first) {
+      EngineCopy& last = copies->back();
+      // Host bytes of consecutive segments are always adjacent in the row.
+      if (last.device + last.bytes == device) {
+        last.bytes += s.bytes;
+        continue;
+      }
+    }
+    copies->push_back(EngineCopy{device, host, s.bytes});
+  }
 }
 
 }  // namespace kvtier::client

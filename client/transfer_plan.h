@@ -1,13 +1,21 @@
 // Transfer planning: validates an engine's GpuPoolDescriptor against the
 // namespace's host banks once, turns it into the copy kernel's segment table,
-// and cuts each transfer into slices of at most kMaxSlicePages pages, one
-// kernel parameter block (kernels::PageCopyParams) per slice.
+// and cuts each transfer into slices, for either of the CUDA backend's paths:
+// - direct: slices of at most kMaxSlicePages pages, one kernel parameter
+//   block (kernels::PageCopyParams) per slice; the kernel reads and writes the
+//   host rows over UVA.
+// - staged: slices that fit one HBM staging buffer (StagedSlices). The same
+//   kernel gathers a slice's pages into the staging buffer (or scatters them
+//   out of it), and the copy engine moves the staging buffer's rows to or
+//   from the host rows (StagedCopies, one cudaMemcpyBatchAsync per slice);
+//   snapshots go through the copy engine segment by segment
+//   (SnapshotCopies).
 //
-// The plan holds no GPU resources: the kernel reads and writes host rows
-// directly over UVA and takes the slice's page ids, rows and the whole
-// segment table by value as its parameter, so a transfer of any length needs
-// no device memory beyond the launch's own parameter block (~31 KiB, managed
-// by the driver).
+// The plan holds no GPU resources: it only computes parameter blocks and
+// copy lists. The staging layout (StagingLayout) mirrors the host banks: a
+// buffer holds one region per page bank, item i of a slice at
+// region + i * row_stride, so a run of consecutive rows of a bank is one
+// contiguous copy on both sides.
 //
 // Thread-safety: a TransferPlan is immutable after Create; every const method
 // may be called concurrently.
@@ -52,10 +60,62 @@ struct HostBankView {
 // A namespace's page bank: its name and its mapping.
 using NamedHostBank = std::pair<std::string, HostBankView>;
 
+// How the CUDA backend moves pages (the reference backend ignores it).
+enum class TransferPath : uint32_t {
+  // kStaged where the plan allows it (one page fits a staging buffer and the
+  // staging buffers could be allocated), kDirect otherwise.
+  kAuto = 0,
+  // Gather into an HBM staging buffer with the copy kernel (a few CTAs, a
+  // short burst per slice), then the copy engine crosses PCIe; the reverse
+  // for rehydration. Two buffers per direction, double-buffered.
+  kStaged = 1,
+  // The copy kernel reads and writes host rows over UVA for the whole
+  // transfer. Always used while the caller's stream is capturing a CUDA
+  // graph (see TransferEngine).
+  kDirect = 2,
+};
+
+// Default bytes of one staging buffer. On the H200, 16 MiB slices beat 64
+// MiB ones in an early probe; with batched copies 16 MiB reaches 97-99 % of
+// the link for rows of 1-8 MiB (docs/benchmarks.md).
+inline constexpr uint64_t kDefaultStagingBytes = 16ull << 20;
+inline constexpr uint64_t kMaxStagingBytes = 1ull << 30;
+// Default grid of the staged gather / scatter: at most 8 SMs, each busy for
+// a short burst per slice.
+inline constexpr uint32_t kDefaultStagingCtas = 8;
+
 struct TransferOptions {
-  // Most CTAs one copy launch uses, in [1, kernels::kMaxCtasLimit]. The copy
-  // is bound by the host link; a small grid leaves the engine its SMs.
+  // Most CTAs one direct copy launch uses, in [1, kernels::kMaxCtasLimit].
+  // The copy is bound by the host link; a small grid leaves the engine its
+  // SMs.
   uint32_t max_ctas = kernels::kDefaultMaxCtas;
+  TransferPath path = TransferPath::kAuto;
+  // Bytes of one staging buffer, in [1, kMaxStagingBytes]; the engine
+  // allocates 4 (two per direction), each rounded down to whole pages (all
+  // page banks' row strides) and to at most kMaxSlicePages pages.
+  uint64_t staging_bytes = kDefaultStagingBytes;
+  // CTAs of the staged gather / scatter, in [1, kernels::kMaxCtasLimit].
+  uint32_t staging_ctas = kDefaultStagingCtas;
+};
+
+// One copy-engine copy: `bytes` bytes between device address `device` (a
+// staging buffer, or a snapshot slot) and host address `host` (the device
+// pointer of a mapped host row). Which is the source depends on the
+// transfer's direction.
+struct EngineCopy {
+  uint64_t device = 0;
+  uint64_t host = 0;
+  uint64_t bytes = 0;
+};
+
+// Where a slice's rows sit in one staging buffer.
+struct StagingLayout {
+  uint32_t slice_pages = 0;   // most pages one buffer holds; 0: no staging
+  uint64_t buffer_bytes = 0;  // slice_pages * page_bytes
+  uint64_t page_bytes = 0;    // one page over all page banks (row strides)
+  // Per page bank: offset of its region in the buffer; item i's row is at
+  // region + i * (that bank's row_stride).
+  std::vector<uint64_t> region;
 };
 
 class TransferPlan {
@@ -80,11 +140,19 @@ class TransferPlan {
   //   differ in row count;
   // - snapshot segments without slots or without a snapshot bank, or a
   //   snapshot bank or slots without segments;
-  // - options.max_ctas is out of range.
+  // - options.max_ctas, staging_ctas, staging_bytes or path is out of
+  //   range, or path is kStaged and one page (the page banks' row strides
+  //   together) does not fit staging_bytes.
   static absl::StatusOr<TransferPlan> Create(
       const GpuPoolDescriptor& pool, absl::Span<const NamedHostBank> page_banks,
       std::optional<HostBankView> snapshot_bank,
       const TransferOptions& options = {});
+
+  // The path the CUDA backend takes outside graph capture: kStaged or
+  // kDirect, never kAuto (kAuto resolved against the staging layout).
+  TransferPath path() const { return path_; }
+  const TransferOptions& options() const { return options_; }
+  const StagingLayout& staging() const { return staging_; }
 
   // Returns OK if gpu_pages[i] -> rows[i] (kToHost) or rows[i] ->
   // gpu_pages[i] (kFromHost) is a valid transfer: equal lengths, every page
@@ -119,6 +187,40 @@ class TransferPlan {
   void FillSnapshot(kernels::CopyDirection direction, uint32_t slot,
                     uint32_t row, kernels::PageCopyParams* params) const;
 
+  // Sizes of the staged slices of a transfer of `num_pages` pages, in
+  // transfer order; they add up to num_pages, each <= staging().slice_pages.
+  // Eviction ramps up (the first slices are small, so the copy engine starts
+  // after a short gather) and rehydration ramps down (the last scatter, which
+  // nothing overlaps, is short). REQUIRES: staging().slice_pages > 0.
+  std::vector<uint32_t> StagedSlices(kernels::CopyDirection direction,
+                                     size_t num_pages) const;
+
+  // Fills `*params` with the staged kernel of one slice: pages
+  // gpu_pages[begin, begin + count) gathered into (kToHost) or scattered from
+  // (kFromHost) items 0..count-1 of the staging buffer at `staging_base`, on
+  // a grid of at most options().staging_ctas CTAs.
+  // REQUIRES: CheckPages(...).ok() for the whole transfer,
+  // count <= staging().slice_pages, begin + count <= gpu_pages.size().
+  void FillStagedSlice(kernels::CopyDirection direction,
+                       absl::Span<const uint32_t> gpu_pages, size_t begin,
+                       size_t count, uint64_t staging_base,
+                       kernels::PageCopyParams* params) const;
+
+  // Appends to `*copies` the copy-engine copies that move a staged slice's
+  // rows between the staging buffer at `staging_base` (items 0..n-1) and
+  // host rows `rows` (n = rows.size()): per page bank, one copy per run of
+  // consecutive rows where the bank's rows have no padding (row_stride ==
+  // row_bytes), one per row otherwise (padding bytes are never written).
+  void StagedCopies(absl::Span<const uint32_t> rows, uint64_t staging_base,
+                    std::vector<EngineCopy>* copies) const;
+
+  // Appends to `*copies` the copy-engine copies between snapshot slot `slot`
+  // and snapshot row `row`: one per segment, adjacent segments that are
+  // contiguous on the device as well merged. REQUIRES:
+  // CheckSnapshot(slot, row).ok().
+  void SnapshotCopies(uint32_t slot, uint32_t row,
+                      std::vector<EngineCopy>* copies) const;
+
   const GpuPoolDescriptor& pool() const { return pool_; }
   const std::vector<NamedHostBank>& page_banks() const { return page_banks_; }
   const std::optional<HostBankView>& snapshot_bank() const {
@@ -137,8 +239,14 @@ class TransferPlan {
   std::optional<HostBankView> snapshot_bank_;
   uint64_t rows_ = 0;
   uint32_t max_ctas_ = kernels::kDefaultMaxCtas;
+  TransferOptions options_;
+  TransferPath path_ = TransferPath::kDirect;
+  StagingLayout staging_;
   std::vector<kernels::PageCopySegment> page_segments_;
   uint32_t page_chunks_ = 0;  // chunks per page, over all segments
+  // page_segments_ with host_base relative to a staging buffer's start and
+  // host_stride the bank's row stride (empty without staging).
+  std::vector<kernels::PageCopySegment> staged_segments_;
   std::vector<kernels::PageCopySegment> snapshot_segments_;
   uint32_t snapshot_chunks_ = 0;
 };

@@ -2,8 +2,12 @@
 // transfers on the CUDA backend (pool in cudaMalloc memory, host banks mmap'd
 // and registered with cudaHostRegister as mapped, reached over UVA) and on
 // the reference backend (pool and banks in host memory, same layout, same
-// initial bytes), then compares banks and pools bit for bit. Each test skips
-// where no CUDA device is present.
+// initial bytes), then compares banks and pools bit for bit. The round trips
+// run on both CUDA paths (staged: gather + copy engine; direct: UVA kernel)
+// and with tiny staging buffers (many slices, buffers reused within a call);
+// further tests cover stream ordering across calls, both directions at once,
+// graph capture (direct path) and the device memory the engine takes. Each
+// test skips where no CUDA device is present.
 
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
@@ -18,12 +22,14 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "client/transfer_engine.h"
 #include "client/transfer_plan.h"
 #include "gtest/gtest.h"
+#include "kernels/page_copy.h"
 #include "kvtier/pool.h"
 
 namespace kvtier::client {
@@ -213,6 +219,10 @@ struct Twin {
   std::vector<HostMem> rbanks;
   RegisteredBank dsnap;
   HostMem rsnap;
+  // What the CUDA engine was created from, to create more.
+  GpuPoolDescriptor dpool_desc;
+  std::vector<NamedHostBank> dviews;
+  std::optional<HostBankView> dsnap_view;
   std::unique_ptr<TransferEngine> cuda, ref;
   cudaStream_t stream = nullptr;
 
@@ -230,7 +240,8 @@ struct Twin {
   }
 };
 
-void Build(const std::vector<BankSpec>& spec, const Options& opt, Twin* t) {
+void Build(const std::vector<BankSpec>& spec, const Options& opt, Twin* t,
+           const TransferOptions& cuda_options = {}) {
   t->spec = spec;
   t->opt = opt;
   GpuPoolDescriptor& d = t->layout;
@@ -317,10 +328,11 @@ void Build(const std::vector<BankSpec>& spec, const Options& opt, Twin* t) {
                          t->snapshot_row_stride};
   }
 
-  auto cuda = TransferEngine::Create(
-      Backend::kCuda,
-      Twin::Rebase(d, reinterpret_cast<uint64_t>(t->dpool.data())), dviews,
-      dsnap);
+  t->dpool_desc = Twin::Rebase(d, reinterpret_cast<uint64_t>(t->dpool.data()));
+  t->dviews = dviews;
+  t->dsnap_view = dsnap;
+  auto cuda = TransferEngine::Create(Backend::kCuda, t->dpool_desc, dviews,
+                                     dsnap, cuda_options);
   ASSERT_TRUE(cuda.ok()) << cuda.status();
   t->cuda = *std::move(cuda);
   auto ref = TransferEngine::Create(
@@ -379,17 +391,43 @@ std::vector<uint32_t> Shuffled(uint32_t below, uint32_t seed) {
   return v;
 }
 
+TransferOptions Staged(uint64_t staging_bytes = kDefaultStagingBytes) {
+  TransferOptions o;
+  o.path = TransferPath::kStaged;
+  o.staging_bytes = staging_bytes;
+  return o;
+}
+
+TransferOptions Direct() {
+  TransferOptions o;
+  o.path = TransferPath::kDirect;
+  return o;
+}
+
 // Evicts n random pages to random rows and rehydrates the rows into a
 // disjoint page set, on both backends, comparing after each step.
-void RoundTrip(const std::vector<BankSpec>& spec, Options opt, uint32_t n) {
+void RoundTrip(const std::vector<BankSpec>& spec, Options opt, uint32_t n,
+               const TransferOptions& options) {
   Twin t;
-  ASSERT_NO_FATAL_FAILURE(Build(spec, opt, &t));
+  ASSERT_NO_FATAL_FAILURE(Build(spec, opt, &t, options));
+  EXPECT_EQ(t.cuda->path(), options.path == TransferPath::kDirect
+                                ? TransferPath::kDirect
+                                : TransferPath::kStaged);
   const std::vector<uint32_t> pages =
       Shuffled(static_cast<uint32_t>(opt.num_pages), 11);
   const std::vector<uint32_t> src(pages.begin(), pages.begin() + n);
   const std::vector<uint32_t> dst(pages.begin() + n, pages.begin() + 2 * n);
-  std::vector<uint32_t> rows = Shuffled(static_cast<uint32_t>(opt.rows), 12);
-  rows.resize(n);
+  // A run of n / 4 consecutive rows first (the staged copies merge it), then
+  // random distinct rows.
+  const uint32_t run = n / 4;
+  const uint32_t r0 = static_cast<uint32_t>(opt.rows - run) / 3;
+  std::vector<uint32_t> rows;
+  for (uint32_t i = 0; i < run; ++i) rows.push_back(r0 + i);
+  for (uint32_t r : Shuffled(static_cast<uint32_t>(opt.rows), 12)) {
+    if (rows.size() == n) break;
+    if (r < r0 || r >= r0 + run) rows.push_back(r);
+  }
+  ASSERT_EQ(rows.size(), n);
 
   ASSERT_TRUE(t.cuda->Evict(src, rows, t.stream).ok());
   ASSERT_TRUE(t.ref->Evict(src, rows, nullptr).ok());
@@ -400,40 +438,142 @@ void RoundTrip(const std::vector<BankSpec>& spec, Options opt, uint32_t n) {
   ASSERT_TRUE(t.ref->Rehydrate(dst, rows, nullptr).ok());
   ASSERT_CUDA(cudaStreamSynchronize(t.stream));
   ExpectPoolsMatch(t);
-  EXPECT_EQ(t.cuda->slices_launched(), 2 * TransferPlan::NumSlices(n));
+  const uint64_t slices =
+      t.cuda->SlicesFor(kernels::CopyDirection::kToHost, n) +
+      t.cuda->SlicesFor(kernels::CopyDirection::kFromHost, n);
+  EXPECT_EQ(t.cuda->slices_launched(), slices);
 
   // A bad call enqueues nothing.
   rows[n - 1] = static_cast<uint32_t>(opt.rows);
   absl::Status st = t.cuda->Evict(src, rows, t.stream);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(t.cuda->slices_launched(), 2 * TransferPlan::NumSlices(n));
+  EXPECT_EQ(t.cuda->slices_launched(), slices);
   ASSERT_CUDA(cudaStreamSynchronize(t.stream));
   ExpectBanksMatch(t);
 }
 
+// Default options (staged), the direct path, and staging buffers of three
+// pages (many slices per call, each buffer reused within the call).
+void RoundTripAllPaths(const std::vector<BankSpec>& spec, Options opt,
+                       uint32_t n) {
+  uint64_t page = 0;
+  for (const BankSpec& b : spec) {
+    uint64_t sum = 0;
+    for (const TensorSpec& ts : b.tensors) sum += ts.bytes;
+    page += RoundUp(sum, 16);
+  }
+  SCOPED_TRACE("default options");
+  ASSERT_NO_FATAL_FAILURE(RoundTrip(spec, opt, n, TransferOptions{}));
+  SCOPED_TRACE("direct");
+  ASSERT_NO_FATAL_FAILURE(RoundTrip(spec, opt, n, Direct()));
+  SCOPED_TRACE("staged, 3-page buffers");
+  ASSERT_NO_FATAL_FAILURE(RoundTrip(spec, opt, n, Staged(3 * page)));
+}
+
 TEST(TransferEngineGpu, Bf16RoundTripMatchesReference) {
   SKIP_WITHOUT_DEVICE();
-  RoundTrip(Bf16Layout(32), PoolOf(320, 200), 150);
+  RoundTripAllPaths(Bf16Layout(32), PoolOf(320, 200), 150);
 }
 
 TEST(TransferEngineGpu, Fp8WithScaleBankRoundTripMatchesReference) {
   SKIP_WITHOUT_DEVICE();
-  RoundTrip(Fp8Layout(32), PoolOf(320, 200), 150);
+  RoundTripAllPaths(Fp8Layout(32), PoolOf(320, 200), 150);
 }
 
 TEST(TransferEngineGpu, OddRowSizesRoundTripMatchesReference) {
   SKIP_WITHOUT_DEVICE();
-  RoundTrip(OddLayout(), PoolOf(4096, 2048), 1500);
+  RoundTripAllPaths(OddLayout(), PoolOf(4096, 2048), 1500);
 }
 
 TEST(TransferEngineGpu, PageMajorPoolRoundTripMatchesReference) {
   SKIP_WITHOUT_DEVICE();
-  RoundTrip(Fp8Layout(4), PoolOf(512, 256, /*page_major=*/true), 200);
+  RoundTripAllPaths(Fp8Layout(4), PoolOf(512, 256, /*page_major=*/true), 200);
+}
+
+// Many calls of both directions on one stream with no synchronisation in
+// between, each reading what the one before wrote (rows evicted, then
+// rehydrated; pages rehydrated, then evicted), with buffers reused across
+// calls: the caller's stream orders staged transfers like kernel launches.
+TEST(TransferEngineGpu, BackToBackCallsKeepStreamOrder) {
+  SKIP_WITHOUT_DEVICE();
+  uint64_t page = 0;
+  for (const BankSpec& b : Fp8Layout(4)) {
+    uint64_t sum = 0;
+    for (const TensorSpec& ts : b.tensors) sum += ts.bytes;
+    page += RoundUp(sum, 16);
+  }
+  Twin t;
+  ASSERT_NO_FATAL_FAILURE(
+      Build(Fp8Layout(4), PoolOf(1024, 512), &t, Staged(5 * page)));
+  std::mt19937 rng(41);
+  for (int step = 0; step < 24; ++step) {
+    const uint32_t n = 1 + rng() % 40;
+    std::vector<uint32_t> pages = Shuffled(1024, 100 + step);
+    std::vector<uint32_t> rows = Shuffled(64, 200 + step);  // rows overlap
+    pages.resize(2 * n);
+    rows.resize(n);
+    const std::vector<uint32_t> a(pages.begin(), pages.begin() + n);
+    const std::vector<uint32_t> b(pages.begin() + n, pages.end());
+    ASSERT_TRUE(t.cuda->Evict(a, rows, t.stream).ok());
+    ASSERT_TRUE(t.ref->Evict(a, rows, nullptr).ok());
+    ASSERT_TRUE(t.cuda->Rehydrate(b, rows, t.stream).ok());
+    ASSERT_TRUE(t.ref->Rehydrate(b, rows, nullptr).ok());
+  }
+  ASSERT_CUDA(cudaStreamSynchronize(t.stream));
+  ExpectBanksMatch(t);
+  ExpectPoolsMatch(t);
+}
+
+// An eviction and a rehydration at the same time, from two threads on two
+// streams (separate lanes: buffers, copy streams), each repeated.
+TEST(TransferEngineGpu, EvictAndRehydrateAtOnceOnTwoStreams) {
+  SKIP_WITHOUT_DEVICE();
+  Twin t;
+  ASSERT_NO_FATAL_FAILURE(Build(Bf16Layout(8), PoolOf(2048, 1024), &t));
+  cudaStream_t other = nullptr;
+  ASSERT_CUDA(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking));
+  const std::vector<uint32_t> pages = Shuffled(2048, 51);
+  const std::vector<uint32_t> rows = Shuffled(1024, 52);
+  // Rows [0, 300) of `rows` are evicted into; [300, 600) are rehydrated from
+  // (first filled by an eviction of other pages).
+  const std::vector<uint32_t> out_pages(pages.begin(), pages.begin() + 300);
+  const std::vector<uint32_t> out_rows(rows.begin(), rows.begin() + 300);
+  const std::vector<uint32_t> seed_pages(pages.begin() + 300,
+                                         pages.begin() + 600);
+  const std::vector<uint32_t> in_rows(rows.begin() + 300, rows.begin() + 600);
+  const std::vector<uint32_t> in_pages(pages.begin() + 600,
+                                       pages.begin() + 900);
+  ASSERT_TRUE(t.cuda->Evict(seed_pages, in_rows, t.stream).ok());
+  ASSERT_TRUE(t.ref->Evict(seed_pages, in_rows, nullptr).ok());
+  ASSERT_CUDA(cudaStreamSynchronize(t.stream));
+  absl::Status evict_status, rehydrate_status;
+  std::thread evictor([&] {
+    for (int i = 0; i < 4 && evict_status.ok(); ++i) {
+      evict_status = t.cuda->Evict(out_pages, out_rows, t.stream);
+    }
+  });
+  std::thread rehydrator([&] {
+    for (int i = 0; i < 4 && rehydrate_status.ok(); ++i) {
+      rehydrate_status = t.cuda->Rehydrate(in_pages, in_rows, other);
+    }
+  });
+  evictor.join();
+  rehydrator.join();
+  ASSERT_TRUE(evict_status.ok()) << evict_status;
+  ASSERT_TRUE(rehydrate_status.ok()) << rehydrate_status;
+  ASSERT_CUDA(cudaStreamSynchronize(t.stream));
+  ASSERT_CUDA(cudaStreamSynchronize(other));
+  ASSERT_TRUE(t.ref->Evict(out_pages, out_rows, nullptr).ok());
+  ASSERT_TRUE(t.ref->Rehydrate(in_pages, in_rows, nullptr).ok());
+  ExpectBanksMatch(t);
+  ExpectPoolsMatch(t);
+  cudaStreamDestroy(other);
 }
 
 // A 2,000-page prefix of random pages of a 4 GiB page-major pool (page
-// offsets beyond 4 GiB) evicted and rehydrated with no extra device memory
-// beyond 128 pages' worth.
+// offsets beyond 4 GiB) evicted and rehydrated by an engine that takes no
+// more device memory than 128 pages' worth, counting everything from before
+// its Create (staging buffers, streams, events) to the end of the transfers.
 TEST(TransferEngineGpu, TwoThousandRandomPagesOfFourGiBPoolInBoundedMemory) {
   SKIP_WITHOUT_DEVICE();
   Twin t;
@@ -453,36 +593,42 @@ TEST(TransferEngineGpu, TwoThousandRandomPagesOfFourGiBPoolInBoundedMemory) {
   }();
   const std::vector<uint32_t> rows = Shuffled(2000, 23);
 
-  auto extra_bytes = [&](auto&& enqueue) -> int64_t {
-    size_t free0 = 0, free1 = 0, free2 = 0, total = 0;
-    EXPECT_EQ(cudaMemGetInfo(&free0, &total), cudaSuccess);
-    enqueue();
-    EXPECT_EQ(cudaMemGetInfo(&free1, &total), cudaSuccess);  // in flight
-    EXPECT_EQ(cudaStreamSynchronize(t.stream), cudaSuccess);
-    EXPECT_EQ(cudaMemGetInfo(&free2, &total), cudaSuccess);
-    return static_cast<int64_t>(free0) -
-           static_cast<int64_t>(std::min(free1, free2));
-  };
-  const int64_t evict_extra = extra_bytes(
-      [&] { ASSERT_TRUE(t.cuda->Evict(src, rows, t.stream).ok()); });
-  EXPECT_EQ(t.cuda->slices_launched(), 16u);
-  ASSERT_TRUE(t.ref->Evict(src, rows, nullptr).ok());
-  ExpectBanksMatch(t);
-
-  const int64_t rehydrate_extra = extra_bytes(
-      [&] { ASSERT_TRUE(t.cuda->Rehydrate(dst, rows, t.stream).ok()); });
-  EXPECT_EQ(t.cuda->slices_launched(), 32u);
-  ASSERT_TRUE(t.ref->Rehydrate(dst, rows, nullptr).ok());
-  ExpectPoolsMatch(t);
-
-  std::printf(
-      "extra device memory: evict %lld bytes, rehydrate %lld bytes "
-      "(bound: 128 pages = %llu bytes)\n",
-      static_cast<long long>(evict_extra),
-      static_cast<long long>(rehydrate_extra),
-      static_cast<unsigned long long>(128 * page_bytes));
-  EXPECT_LE(evict_extra, static_cast<int64_t>(128 * page_bytes));
-  EXPECT_LE(rehydrate_extra, static_cast<int64_t>(128 * page_bytes));
+  for (const TransferOptions& options : {TransferOptions{}, Direct()}) {
+    SCOPED_TRACE(options.path == TransferPath::kDirect ? "direct" : "default");
+    ASSERT_CUDA(cudaDeviceSynchronize());
+    size_t free0 = 0, free1 = 0, free2 = 0, free3 = 0, total = 0;
+    ASSERT_CUDA(cudaMemGetInfo(&free0, &total));
+    auto engine = TransferEngine::Create(Backend::kCuda, t.dpool_desc, t.dviews,
+                                         t.dsnap_view, options);
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    TransferEngine& e = **engine;
+    ASSERT_TRUE(e.Evict(src, rows, t.stream).ok());
+    ASSERT_CUDA(cudaMemGetInfo(&free1, &total));  // in flight
+    ASSERT_CUDA(cudaStreamSynchronize(t.stream));
+    EXPECT_EQ(e.slices_launched(),
+              e.SlicesFor(kernels::CopyDirection::kToHost, 2000));
+    ASSERT_TRUE(t.ref->Evict(src, rows, nullptr).ok());
+    ExpectBanksMatch(t);
+    ASSERT_TRUE(e.Rehydrate(dst, rows, t.stream).ok());
+    ASSERT_CUDA(cudaMemGetInfo(&free2, &total));  // in flight
+    ASSERT_CUDA(cudaStreamSynchronize(t.stream));
+    ASSERT_CUDA(cudaMemGetInfo(&free3, &total));
+    ASSERT_TRUE(t.ref->Rehydrate(dst, rows, nullptr).ok());
+    ExpectPoolsMatch(t);
+    const int64_t extra = static_cast<int64_t>(free0) -
+                          static_cast<int64_t>(std::min({free1, free2, free3}));
+    std::printf(
+        "%s path: extra device memory %lld bytes (staging buffers %llu; "
+        "bound: 128 pages = %llu bytes)\n",
+        e.path() == TransferPath::kStaged ? "staged" : "direct",
+        static_cast<long long>(extra),
+        static_cast<unsigned long long>(
+            e.path() == TransferPath::kStaged
+                ? 4 * e.plan().staging().buffer_bytes
+                : 0),
+        static_cast<unsigned long long>(128 * page_bytes));
+    EXPECT_LE(extra, static_cast<int64_t>(128 * page_bytes));
+  }
 }
 
 TEST(TransferEngineGpu, EvictAndRehydrateCaptureInACudaGraph) {
@@ -535,6 +681,17 @@ TEST(TransferEngineGpu, EvictAndRehydrateCaptureInACudaGraph) {
   ExpectPoolsMatch(t);
   EXPECT_EQ(t.cuda->slices_launched(), 6u);
 
+  // Outside capture the same engine stages again, ordered after the replays.
+  ASSERT_EQ(t.cuda->path(), TransferPath::kStaged);
+  ASSERT_CUDA(cudaGraphLaunch(evict_exec, t.stream));
+  ASSERT_TRUE(t.cuda->Rehydrate(src, rows, t.stream).ok());
+  ASSERT_CUDA(cudaStreamSynchronize(t.stream));
+  ASSERT_TRUE(t.ref->Evict(src, rows, nullptr).ok());
+  ASSERT_TRUE(t.ref->Rehydrate(src, rows, nullptr).ok());
+  ExpectPoolsMatch(t);
+  EXPECT_EQ(t.cuda->slices_launched(),
+            6u + t.cuda->SlicesFor(kernels::CopyDirection::kFromHost, 300));
+
   cudaGraphExecDestroy(evict_exec);
   cudaGraphExecDestroy(rehydrate_exec);
   cudaGraphDestroy(evict_graph);
@@ -543,28 +700,34 @@ TEST(TransferEngineGpu, EvictAndRehydrateCaptureInACudaGraph) {
 
 TEST(TransferEngineGpu, SnapshotSaveAndRestoreMatchReference) {
   SKIP_WITHOUT_DEVICE();
-  Twin t;
-  Options opt = PoolOf(16, 8);
-  opt.snapshot = SnapshotLayout();
-  opt.slots = 4;
-  opt.snapshot_rows = 3;
-  ASSERT_NO_FATAL_FAILURE(Build(Fp8Layout(2), opt, &t));
-  for (TransferEngine* e : {t.cuda.get(), t.ref.get()}) {
-    void* stream = e == t.cuda.get() ? t.stream : nullptr;
-    ASSERT_TRUE(e->SaveSnapshot(2, 1, stream).ok());
-    ASSERT_TRUE(e->SaveSnapshot(3, 0, stream).ok());
-    ASSERT_TRUE(e->RestoreSnapshot(0, 1, stream).ok());
-    ASSERT_TRUE(e->RestoreSnapshot(1, 0, stream).ok());
+  for (const TransferOptions& options : {TransferOptions{}, Direct()}) {
+    SCOPED_TRACE(options.path == TransferPath::kDirect ? "direct" : "default");
+    Twin t;
+    Options opt = PoolOf(16, 8);
+    opt.snapshot = SnapshotLayout();
+    opt.slots = 4;
+    opt.snapshot_rows = 3;
+    ASSERT_NO_FATAL_FAILURE(Build(Fp8Layout(2), opt, &t, options));
+    for (TransferEngine* e : {t.cuda.get(), t.ref.get()}) {
+      void* stream = e == t.cuda.get() ? t.stream : nullptr;
+      ASSERT_TRUE(e->SaveSnapshot(2, 1, stream).ok());
+      ASSERT_TRUE(e->SaveSnapshot(3, 0, stream).ok());
+      ASSERT_TRUE(e->RestoreSnapshot(0, 1, stream).ok());
+      ASSERT_TRUE(e->RestoreSnapshot(1, 0, stream).ok());
+      // Restore what was just saved, then save it elsewhere: stream order.
+      ASSERT_TRUE(e->SaveSnapshot(0, 2, stream).ok());
+      ASSERT_TRUE(e->RestoreSnapshot(2, 2, stream).ok());
+    }
+    ASSERT_CUDA(cudaStreamSynchronize(t.stream));
+    ExpectBanksMatch(t);
+    ExpectPoolsMatch(t);
+    EXPECT_EQ(t.cuda->slices_launched(), 6u);
+    // Slot 0 now holds slot 2's state, byte for byte.
+    const PoolTensor& seg = t.layout.snapshot[0];
+    ExpectSameBytes(t.mirror.data() + seg.base,
+                    t.mirror.data() + seg.base + 2 * seg.page_stride,
+                    seg.bytes_per_page, "slot 0 vs slot 2");
   }
-  ASSERT_CUDA(cudaStreamSynchronize(t.stream));
-  ExpectBanksMatch(t);
-  ExpectPoolsMatch(t);
-  EXPECT_EQ(t.cuda->slices_launched(), 4u);
-  // Slot 0 now holds slot 2's state, byte for byte.
-  const PoolTensor& seg = t.layout.snapshot[0];
-  ExpectSameBytes(t.mirror.data() + seg.base,
-                  t.mirror.data() + seg.base + 2 * seg.page_stride,
-                  seg.bytes_per_page, "slot 0 vs slot 2");
 }
 
 TEST(TransferEngineGpu, CreateRejectsMemoryTheDeviceCannotReach) {

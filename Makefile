@@ -3,12 +3,27 @@
 #               on an embedded default (a small demo namespace in /dev/shm, no GPU)
 #   make test   installs what is missing, builds, runs every test (GPU tests skip
 #               where there is no GPU)
+#   make test-asan  the same suite built with clang, ASan and UBSan (own folder)
+#   make fuzz       the libFuzzer harnesses in fuzz/, FUZZ_SECONDS each
 BUILD ?= build
 BUILD_TYPE ?= RelWithDebInfo
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
+# The Python venv (torch, transformers, pytest: python/requirements.txt) that
+# the python_* tests run in; inside the build folder, so `make clean` drops it.
+VENV ?= $(BUILD)/venv
+PYTHON ?= python3
+# The hostile-input build (issue 5): clang, -fsanitize=address,undefined on
+# everything the project builds, libFuzzer harnesses, no CUDA.
+ASAN_BUILD ?= build-asan
+FUZZ_SECONDS ?= 60
+ASAN_LOAD_SECONDS ?= 20
+SANITIZER_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
+  UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+  KVTIER_LOAD_SECONDS=$(ASAN_LOAD_SECONDS)
 
-.PHONY: all deps configure build run test test-gpu bench format clean
+.PHONY: all deps configure build run test test-gpu bench format clean \
+  asan-configure asan-build test-asan fuzz pydeps python-package
 
 all: build
 
@@ -16,7 +31,8 @@ deps:
 	@scripts/install-deps.sh
 
 configure: deps
-	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) $(CMAKE_FLAGS) >/dev/null
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  -DKVTIER_PYTHON=$(abspath $(VENV))/bin/python $(CMAKE_FLAGS) >/dev/null
 
 build: configure
 	@cmake --build $(BUILD) -j$(JOBS)
@@ -24,8 +40,43 @@ build: configure
 run: build
 	$(BUILD)/daemon/kvtierd --flagfile=deploy/dev.flags
 
-test: build
-	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 600
+test: build pydeps
+	cd $(BUILD) && KVTIER_REQUIRE_PYTHON=1 ctest --output-on-failure -j$(JOBS) --timeout 600
+
+# The venv, (re)installed when python/requirements.txt changes (PyPI; the
+# torch wheel brings ~4 GB of CUDA libraries: about 80 s and 4.9 GB here).
+pydeps: $(VENV)/.installed
+$(VENV)/.installed: python/requirements.txt
+	@echo "pydeps: installing python/requirements.txt into $(VENV)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(VENV)/bin/pip install -q --progress-bar off --no-cache-dir -r $<
+	@touch $@
+
+# pip-installs the kvtier package with this build's libkvtier.so and kvtierd
+# into the venv (python/stage.py stages it under $(BUILD)/python-package).
+python-package: build pydeps
+	@$(VENV)/bin/python python/stage.py --build $(BUILD) --out $(BUILD)/python-package
+	@$(VENV)/bin/pip install -q --no-deps --no-build-isolation --force-reinstall \
+	  $(BUILD)/python-package
+
+asan-configure: deps
+	@CC=clang CXX=clang++ cmake -S . -B $(ASAN_BUILD) \
+	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVTIER_ENABLE_CUDA=OFF \
+	  -DKVTIER_SANITIZE=address,undefined -DKVTIER_FUZZ=ON \
+	  -DKVTIER_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
+
+asan-build: asan-configure
+	@cmake --build $(ASAN_BUILD) -j$(JOBS)
+
+test-asan: asan-build
+	cd $(ASAN_BUILD) && $(SANITIZER_ENV) ctest --output-on-failure -j$(JOBS) \
+	  --timeout 900 -LE fuzz
+
+fuzz: asan-build
+	@cd $(ASAN_BUILD) && $(SANITIZER_ENV) ctest -j$(JOBS) -L fuzz -V \
+	  >fuzz.log 2>&1; rc=$$?; \
+	  grep -E '^[0-9]+: (FUZZ |==|SUMMARY|.*ERROR)|tests passed|FAILED' \
+	  fuzz.log; exit $$rc
 
 test-gpu: build
 	cd $(BUILD) && ctest --output-on-failure -L gpu

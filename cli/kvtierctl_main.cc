@@ -1,243 +1,217 @@
-// kvtierctl: the operator's CLI for kvtierd.
-//
-//   kvtierctl [--socket=PATH] [--json] status
-//   kvtierctl [--socket=PATH] [--json] namespaces
-//   kvtierctl [--socket=PATH] [--json] prefixes NAMESPACE [--order=largest|recent] [--limit=N]
-//   kvtierctl [--socket=PATH] drop NAMESPACE [--force]
-//
-// Exit codes: 0 success, 1 the daemon answered with an error, 2 usage error,
-// 3 the daemon could not be reached.
+// kvtierctl: the operator's CLI for kvtierd. Parses the command line, finds
+// the daemon's socket (the same default as the daemon's) and runs one
+// command (cli/commands.h). `kvtierctl --help` lists commands, flags and exit
+// codes.
+#include <unistd.h>
+
+#include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "absl/flags/commandlineflag.h"
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "absl/flags/reflection.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "absl/types/optional.h"
+#include "cli/commands.h"
 #include "common/default_socket.h"
-#include "google/protobuf/util/json_util.h"
-#include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
-#include "kvtier/v1/tier.grpc.pb.h"
 
 ABSL_FLAG(std::string, socket, "",
-          "kvtierd socket (default: $KVTIER_SOCKET, /run/kvtier/kvtierd.sock, "
-          "else the daemon's per-user default)");
-ABSL_FLAG(bool, json, false, "Print JSON instead of tables");
-ABSL_FLAG(std::string, order, "largest", "prefixes: largest or recent");
-ABSL_FLAG(uint32_t, limit, 20, "prefixes: how many");
-ABSL_FLAG(bool, force, false, "drop: even with sessions attached");
-ABSL_FLAG(double, timeout, 5.0, "Seconds to wait for the daemon");
+          "kvtierd's socket (default: $KVTIER_SOCKET, else "
+          "/run/kvtier/kvtierd.sock when it exists, else the daemon's "
+          "per-user default $XDG_RUNTIME_DIR/kvtier/kvtierd.sock or "
+          "/tmp/kvtier-<uid>/kvtierd.sock)");
+ABSL_FLAG(bool, json, false,
+          "Print the daemon's answer as JSON (proto field names) instead of "
+          "tables; watch prints one JSON object per line");
+ABSL_FLAG(double, timeout, 5.0,
+          "Seconds to wait for each answer before giving up (exit code 3)");
+ABSL_FLAG(std::string, order, "largest",
+          "prefixes: largest (most pages) or recent (last used) first");
+ABSL_FLAG(uint32_t, limit, 20, "prefixes: how many to show (1..10000)");
+ABSL_FLAG(bool, force, false,
+          "drop: drop a namespace even while sessions are attached");
+ABSL_FLAG(double, interval, 2.0, "watch: seconds between refreshes");
+ABSL_FLAG(int32_t, count, 0,
+          "watch: stop after this many refreshes (0: until interrupted)");
 
 namespace kvtier::cli {
 namespace {
 
-constexpr int kExitOk = 0, kExitError = 1, kExitUsage = 2, kExitUnreachable = 3;
+constexpr char kUsage[] =
+    R"(kvtierctl: inspect and manage kvtierd, the host-memory KV cache tier.
 
-std::string Bytes(uint64_t b) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(b);
-  int u = 0;
-  while (v >= 1024 && u < 4) {
-    v /= 1024;
-    ++u;
-  }
-  return u == 0 ? absl::StrCat(b, " B") : absl::StrFormat("%.1f %s", v, units[u]);
-}
+Usage: kvtierctl [FLAGS] COMMAND [ARGUMENTS]
 
-std::string Hex(const std::string& s, size_t max_bytes) {
-  std::string out;
-  for (size_t i = 0; i < s.size() && i < max_bytes; ++i) {
-    absl::StrAppendFormat(&out, "%02x", static_cast<unsigned char>(s[i]));
-  }
-  return out;
-}
+Commands:
+  status                  the daemon, its namespaces and their banks (rows
+                          used, reserved and free per bank and rank)
+  namespaces              namespaces: layout, pages, snapshots, hit counts
+  prefixes NAMESPACE      cached prefixes with tokens, pages, snapshots, size
+                          and last use; --order=largest|recent, --limit=N
+  stats                   request and eviction counters per namespace
+  drop NAMESPACE [HASH]   drop a namespace and unlink its segments (--force
+                          while sessions are attached), or only the page HASH
+                          and every page cached after it (hex: a full hash,
+                          or a unique start of a leaf hash that `prefixes`
+                          shows, which drops that prefix's last page)
+  verify                  check the daemon's invariants (rows, index, leases)
+  watch                   a live view, redrawn every --interval seconds, with
+                          rates; --count=N stops after N refreshes
 
-std::string Ago(int64_t unix_ms) {
-  if (unix_ms <= 0) return "-";
-  const int64_t s = (absl::ToUnixMillis(absl::Now()) - unix_ms) / 1000;
-  if (s < 60) return absl::StrCat(s, "s ago");
-  if (s < 3600) return absl::StrCat(s / 60, "m ago");
-  if (s < 86400) return absl::StrCat(s / 3600, "h ago");
-  return absl::StrCat(s / 86400, "d ago");
-}
+Output: aligned tables for people; --json prints the daemon's answer as JSON
+for scripts.
 
-// Prints rows as aligned columns; the first row is the header.
-void PrintTable(const std::vector<std::vector<std::string>>& rows,
-                const std::string& indent = "") {
-  std::vector<size_t> width;
-  for (const auto& r : rows) {
-    if (width.size() < r.size()) width.resize(r.size(), 0);
-    for (size_t i = 0; i < r.size(); ++i) {
-      width[i] = std::max(width[i], r[i].size());
+Exit codes:
+  0  success
+  1  the daemon answered with an error (e.g. no such namespace)
+  2  usage error
+  3  the daemon could not be reached (not running, wrong socket, or no answer
+     within --timeout)
+  4  verify found a violated invariant
+)";
+
+// Prints the usage text and this program's flags.
+void PrintHelp() {
+  std::string out = absl::StrCat(kUsage, "\nFlags:\n");
+  std::vector<const absl::CommandLineFlag*> flags;
+  for (const auto& [name, flag] : absl::GetAllFlags()) {
+    if (absl::StrContains(flag->Filename(), "kvtierctl_main")) {
+      flags.push_back(flag);
     }
   }
-  for (const auto& r : rows) {
-    std::string line = indent;
-    for (size_t i = 0; i < r.size(); ++i) {
-      line += r[i];
-      if (i + 1 < r.size()) line += std::string(width[i] - r[i].size() + 2, ' ');
+  std::sort(flags.begin(), flags.end(),
+            [](const auto* a, const auto* b) { return a->Name() < b->Name(); });
+  for (const auto* f : flags) {
+    absl::StrAppend(&out, "  --", f->Name(), " (default: ",
+                    f->DefaultValue().empty() ? "\"\"" : f->DefaultValue(),
+                    ")\n");
+    // The help text, wrapped at 78 columns under the name.
+    std::string line = "      ";
+    for (absl::string_view word :
+         absl::StrSplit(f->Help(), ' ', absl::SkipEmpty())) {
+      if (line.size() > 6 && line.size() + 1 + word.size() > 78) {
+        absl::StrAppend(&out, line, "\n");
+        line = "      ";
+      }
+      absl::StrAppend(&line, line.size() > 6 ? " " : "", word);
     }
-    std::printf("%s\n", line.c_str());
+    absl::StrAppend(&out, line, "\n");
   }
+  std::fputs(out.c_str(), stdout);
 }
 
-int PrintJson(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions opts;
-  opts.add_whitespace = true;
-  opts.always_print_primitive_fields = true;
-  opts.preserve_proto_field_names = true;
-  if (!google::protobuf::util::MessageToJsonString(m, &out, opts).ok()) {
-    return kExitError;
-  }
-  std::printf("%s", out.c_str());
-  return kExitOk;
-}
-
-int Fail(const grpc::Status& s) {
-  std::fprintf(stderr, "kvtierctl: %s\n", s.error_message().c_str());
-  return s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                 s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
-             ? kExitUnreachable
-             : kExitError;
-}
-
-void PrintNamespaces(const google::protobuf::RepeatedPtrField<v1::NamespaceInfo>&
-                         namespaces) {
-  std::vector<std::vector<std::string>> t = {
-      {"NAMESPACE", "MODEL", "TOKENS/PAGE", "TP", "PAGES", "SNAPSHOTS",
-       "PREFIXES", "SESSIONS", "HIT PAGES", "MISS PAGES"}};
-  for (const auto& ns : namespaces) {
-    t.push_back({ns.name(), ns.layout().model(),
-                 absl::StrCat(ns.layout().tokens_per_page()),
-                 absl::StrCat(ns.layout().tp_size(),
-                              ns.layout().replicated() ? " (replicated)" : ""),
-                 absl::StrCat(ns.pages()), absl::StrCat(ns.snapshots()),
-                 absl::StrCat(ns.prefixes()), absl::StrCat(ns.sessions()),
-                 absl::StrCat(ns.hit_pages()), absl::StrCat(ns.miss_pages())});
-  }
-  PrintTable(t);
-}
-
-int Status(v1::TierService::Stub& stub, grpc::ClientContext& ctx) {
-  v1::StatsRequest req;
-  v1::StatsResponse resp;
-  grpc::Status s = stub.Stats(&ctx, req, &resp);
-  if (!s.ok()) return Fail(s);
-  if (absl::GetFlag(FLAGS_json)) return PrintJson(resp);
-  std::printf("kvtierd %s, up %s, %u session%s, %d namespace%s\n\n",
-              resp.version().c_str(),
-              absl::FormatDuration(absl::Seconds(resp.uptime_seconds())).c_str(),
-              resp.sessions(), resp.sessions() == 1 ? "" : "s",
-              resp.namespaces_size(), resp.namespaces_size() == 1 ? "" : "s");
-  if (resp.namespaces_size() == 0) return kExitOk;
-  PrintNamespaces(resp.namespaces());
-  std::printf("\n");
-  std::vector<std::vector<std::string>> t = {
-      {"NAMESPACE", "BANK", "RANK", "ROW SIZE", "ROWS", "USED", "RESERVED",
-       "FREE", "SIZE", "MEMORY", "FILE"}};
-  for (const auto& ns : resp.namespaces()) {
-    for (const auto& b : ns.banks()) {
-      t.push_back({ns.name(), b.bank(), absl::StrCat(b.rank()),
-                   Bytes(b.row_bytes()), absl::StrCat(b.rows()),
-                   absl::StrCat(b.used_rows()), absl::StrCat(b.reserved_rows()),
-                   absl::StrCat(b.free_rows()), Bytes(b.rows() * b.row_bytes()),
-                   b.huge_pages() ? "2 MiB pages" : "4 KiB pages", b.path()});
+// Parses `argv` into this program's flags and the positional arguments.
+// absl::ParseCommandLine would exit 1 on a bad flag; here that is a usage
+// error (exit 2) with a message naming the flag. Flags may come before or
+// after the command; "--" ends them.
+// --help, -help and -h set *help.
+bool ParseArgs(int argc, char** argv, std::vector<std::string>* positional,
+               bool* help, std::string* error) {
+  bool flags_done = false;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (flags_done || arg.size() < 2 || arg[0] != '-') {
+      positional->emplace_back(arg);
+      continue;
+    }
+    if (arg == "--") {
+      flags_done = true;
+      continue;
+    }
+    arg.remove_prefix(arg[1] == '-' ? 2 : 1);
+    const size_t eq = arg.find('=');
+    std::string name(arg.substr(0, eq));
+    if (name == "help" || name == "h") {
+      *help = true;
+      continue;
+    }
+    absl::optional<std::string> value;
+    if (eq != absl::string_view::npos) value = std::string(arg.substr(eq + 1));
+    absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
+    if (flag == nullptr && !value && absl::StartsWith(name, "no")) {
+      // --noforce: a boolean flag set to false.
+      flag = absl::FindCommandLineFlag(name.substr(2));
+      if (flag != nullptr && flag->IsOfType<bool>()) {
+        name = name.substr(2);
+        value = "false";
+      } else {
+        flag = nullptr;
+      }
+    }
+    if (flag == nullptr ||
+        !absl::StrContains(flag->Filename(), "kvtierctl_main")) {
+      *error = absl::StrCat("unknown flag --", name);
+      return false;
+    }
+    if (!value) {
+      if (flag->IsOfType<bool>()) {
+        value = "true";
+      } else if (i + 1 < argc) {
+        value = std::string(argv[++i]);
+      } else {
+        *error = absl::StrCat("--", name, ": missing value");
+        return false;
+      }
+    }
+    std::string why;
+    if (!flag->ParseFrom(*value, &why)) {
+      *error = absl::StrCat("--", name, ": ", why);
+      return false;
     }
   }
-  PrintTable(t);
-  return kExitOk;
-}
-
-int Namespaces(v1::TierService::Stub& stub, grpc::ClientContext& ctx) {
-  v1::ListNamespacesRequest req;
-  v1::ListNamespacesResponse resp;
-  grpc::Status s = stub.ListNamespaces(&ctx, req, &resp);
-  if (!s.ok()) return Fail(s);
-  if (absl::GetFlag(FLAGS_json)) return PrintJson(resp);
-  PrintNamespaces(resp.namespaces());
-  return kExitOk;
-}
-
-int Prefixes(v1::TierService::Stub& stub, grpc::ClientContext& ctx,
-             const std::string& ns) {
-  v1::ListPrefixesRequest req;
-  req.set_namespace_(ns);
-  const std::string order = absl::GetFlag(FLAGS_order);
-  if (order == "largest") {
-    req.set_order(v1::ListPrefixesRequest::ORDER_LARGEST);
-  } else if (order == "recent") {
-    req.set_order(v1::ListPrefixesRequest::ORDER_RECENT);
-  } else {
-    std::fprintf(stderr, "kvtierctl: --order must be largest or recent\n");
-    return kExitUsage;
-  }
-  req.set_limit(absl::GetFlag(FLAGS_limit));
-  v1::ListPrefixesResponse resp;
-  grpc::Status s = stub.ListPrefixes(&ctx, req, &resp);
-  if (!s.ok()) return Fail(s);
-  if (absl::GetFlag(FLAGS_json)) return PrintJson(resp);
-  std::printf("%s: %lu prefixes (showing %d, %s first)\n\n", ns.c_str(),
-              static_cast<unsigned long>(resp.total_prefixes()),
-              resp.prefixes_size(), order.c_str());
-  std::vector<std::vector<std::string>> t = {
-      {"LEAF", "TOKENS", "PAGES", "SNAPSHOTS", "PINS", "LAST USE"}};
-  for (const auto& p : resp.prefixes()) {
-    t.push_back({Hex(p.leaf_hash(), 8), absl::StrCat(p.tokens()),
-                 absl::StrCat(p.pages()), absl::StrCat(p.snapshots()),
-                 absl::StrCat(p.pins()), Ago(p.last_use_unix_ms())});
-  }
-  PrintTable(t);
-  return kExitOk;
-}
-
-int Drop(v1::TierService::Stub& stub, grpc::ClientContext& ctx,
-         const std::string& ns) {
-  v1::DropRequest req;
-  req.set_namespace_(ns);
-  req.set_force(absl::GetFlag(FLAGS_force));
-  v1::DropResponse resp;
-  grpc::Status s = stub.Drop(&ctx, req, &resp);
-  if (!s.ok()) return Fail(s);
-  if (absl::GetFlag(FLAGS_json)) return PrintJson(resp);
-  std::printf("dropped %s: %lu pages, %lu snapshots\n", ns.c_str(),
-              static_cast<unsigned long>(resp.dropped_pages()),
-              static_cast<unsigned long>(resp.dropped_snapshots()));
-  return kExitOk;
+  return true;
 }
 
 int Main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "kvtierctl [flags] status | namespaces | prefixes NAMESPACE | drop "
-      "NAMESPACE");
-  std::vector<char*> args = absl::ParseCommandLine(argc, argv);
-  if (args.size() < 2) {
-    std::fprintf(stderr, "usage: %s\n", absl::ProgramUsageMessage().data());
+  std::vector<std::string> args;
+  bool help = false;
+  std::string error;
+  if (!ParseArgs(argc, argv, &args, &help, &error)) {
+    std::fprintf(stderr, "kvtierctl: %s (see kvtierctl --help)\n",
+                 error.c_str());
     return kExitUsage;
   }
-  const std::string cmd = args[1];
-  const std::string socket = ResolveClientSocket(absl::GetFlag(FLAGS_socket));
-  auto channel = grpc::CreateChannel("unix:" + socket,
+  // Help is ours, not absl's: it lists the commands and exit codes, and
+  // exits 0.
+  if (help || (!args.empty() && args[0] == "help")) {
+    PrintHelp();
+    return kExitOk;
+  }
+  if (args.empty()) {
+    std::fputs(kUsage, stderr);
+    return kExitUsage;
+  }
+
+  Options options;
+  options.socket = ResolveClientSocket(absl::GetFlag(FLAGS_socket));
+  options.json = absl::GetFlag(FLAGS_json);
+  const double timeout = absl::GetFlag(FLAGS_timeout);
+  const double interval = absl::GetFlag(FLAGS_interval);
+  if (!(timeout > 0)) {
+    std::fprintf(stderr, "kvtierctl: --timeout: must be above 0\n");
+    return kExitUsage;
+  }
+  options.timeout = absl::Seconds(timeout);
+  options.order = absl::GetFlag(FLAGS_order);
+  options.limit = absl::GetFlag(FLAGS_limit);
+  options.force = absl::GetFlag(FLAGS_force);
+  options.interval =
+      interval > 0 ? absl::Seconds(interval) : absl::ZeroDuration();
+  options.count = absl::GetFlag(FLAGS_count);
+  options.redraw = ::isatty(STDOUT_FILENO) == 1;
+
+  auto channel = grpc::CreateChannel("unix:" + options.socket,
                                      grpc::InsecureChannelCredentials());
-  auto stub = v1::TierService::NewStub(channel);
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(
-      absl::Now() + absl::Seconds(absl::GetFlag(FLAGS_timeout))));
-  if (cmd == "status") return Status(*stub, ctx);
-  if (cmd == "namespaces") return Namespaces(*stub, ctx);
-  if ((cmd == "prefixes" || cmd == "drop") && args.size() < 3) {
-    std::fprintf(stderr, "kvtierctl %s: name a namespace\n", cmd.c_str());
-    return kExitUsage;
-  }
-  if (cmd == "prefixes") return Prefixes(*stub, ctx, args[2]);
-  if (cmd == "drop") return Drop(*stub, ctx, args[2]);
-  std::fprintf(stderr, "kvtierctl: unknown command '%s'\n", cmd.c_str());
-  return kExitUsage;
+  Ctl ctl(v1::TierService::NewStub(channel), std::move(options), stdout,
+          stderr);
+  return ctl.Run(args);
 }
 
 }  // namespace

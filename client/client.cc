@@ -2,12 +2,15 @@
 // the RAII leases and reservations.
 #include "kvtier/client.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -15,6 +18,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -36,6 +40,27 @@ absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
   if (s.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
                       absl::StrCat(what, ": ", s.error_message()));
+}
+
+// Whether an RPC failed because the daemon went away or restarted (it no
+// longer knows our session or namespace), rather than over the request.
+bool OutageLike(const absl::Status& s) {
+  switch (s.code()) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kDeadlineExceeded:
+      return true;
+    case absl::StatusCode::kNotFound:
+      return absl::StrContains(s.message(), "session_id: no open session") ||
+             absl::StrContains(s.message(), "namespace_id: no namespace");
+    default:
+      return false;
+  }
+}
+
+absl::Status Unreachable(absl::string_view what) {
+  return absl::UnavailableError(absl::StrCat(
+      what, ": kvtierd is unreachable or restarted; reconnecting"));
 }
 
 }  // namespace
@@ -95,25 +120,54 @@ class Worker {
   std::thread thread_;
 };
 
+struct NamespaceState;
+
+// One process's link to the daemon: the channel, the current session and
+// the thread that keeps a session open. Session changes are published in
+// this order: alive=false when the stream ends; then session_id, each
+// namespace's id and epoch; then epoch; then alive=true. A request reads
+// alive and epoch, then the ids, then alive and epoch again (see
+// NamespaceState::Fill), so it never mixes two sessions' ids.
 struct Connection {
+  using Stream = grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>;
+  struct Session {
+    std::unique_ptr<grpc::ClientContext> context;
+    std::unique_ptr<Stream> stream;
+    uint64_t id = 0;
+    std::string fast_lookup_socket;
+  };
+
+  // Immutable after Connect.
   std::string socket;
   absl::Duration timeout;
+  std::string client_name;
+  bool fast_lookup = true;
+  bool reconnect = true;
   std::shared_ptr<grpc::Channel> channel;
   std::unique_ptr<v1::TierService::Stub> stub;
-  uint64_t session_id = 0;
-  grpc::ClientContext session_context;
-  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>>
-      session;
-  std::thread session_reader;
+
+  std::atomic<uint64_t> session_id{0};
+  // Sessions opened so far: 1 after Connect, +1 per reconnection.
+  std::atomic<uint64_t> epoch{0};
   std::atomic<bool> alive{false};
+  std::thread session_thread;
   std::unique_ptr<Worker> worker = std::make_unique<Worker>();
+  absl::Mutex mu;
+  bool stopping ABSL_GUARDED_BY(mu) = false;
+  // The open (or opening) session's context, for ~Connection to cancel.
+  grpc::ClientContext* session_context ABSL_GUARDED_BY(mu) = nullptr;
+  // The namespaces to re-attach after a reconnection.
+  std::vector<std::weak_ptr<NamespaceState>> namespaces ABSL_GUARDED_BY(mu);
   // The fast lookup path; -1 when not offered or broken. One request at a
   // time per connection.
   absl::Mutex fast_mu;
   int fast_fd ABSL_GUARDED_BY(fast_mu) = -1;
 
-  // Connects the fast lookup path; leaves fast_fd at -1 on any failure.
-  void ConnectFast(const std::string& path) {
+  // Connects the fast lookup path; its Hello also binds this process's
+  // credentials (SO_PEERCRED) to the session, which the daemon needs before
+  // Attach. Keeps the connection for lookups when `keep`, else closes it
+  // once bound. Leaves fast_fd at -1 on any failure.
+  void ConnectFast(const std::string& path, bool keep) {
     sockaddr_un addr{};
     if (path.empty() || path.size() >= sizeof(addr.sun_path)) return;
     const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -128,6 +182,10 @@ struct Connection {
         !fastpath::WriteFullV(fd, &iov, 1) ||
         !fastpath::ReadFull(fd, &reply, sizeof(reply)) ||
         reply.magic != fastpath::kReplyMagic || reply.code != 0) {
+      ::close(fd);
+      return;
+    }
+    if (!keep) {
       ::close(fd);
       return;
     }
@@ -176,23 +234,42 @@ struct Connection {
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   }
 
+  void CloseFast() {
+    absl::MutexLock lock(&fast_mu);
+    if (fast_fd >= 0) ::close(fast_fd);
+    fast_fd = -1;
+  }
+
+  // Opens a session stream (Hello, Opened). UNAVAILABLE when the daemon
+  // does not answer; CANCELLED once the connection is stopping.
+  absl::StatusOr<Session> OpenSession();
+  // The session thread: reads the stream until it ends, then reopens a
+  // session, rebinds the fast path and re-attaches the namespaces, with
+  // backoff, until it succeeds or the connection stops.
+  void KeepSession(Session session);
+  // Re-attaches every live namespace to session `session_id` and marks it
+  // valid for `next_epoch`; a namespace that fails stays stale.
+  void ReattachAll(uint64_t session_id, uint64_t next_epoch);
+
   ~Connection() {
     worker.reset();  // Runs what is queued first (commits, releases).
     {
-      absl::MutexLock lock(&fast_mu);
-      if (fast_fd >= 0) ::close(fast_fd);
-      fast_fd = -1;
+      absl::MutexLock lock(&mu);
+      stopping = true;
+      if (session_context != nullptr) session_context->TryCancel();
     }
-    if (session != nullptr) {
-      session_context.TryCancel();
-      if (session_reader.joinable()) session_reader.join();
-    }
+    if (session_thread.joinable()) session_thread.join();
+    CloseFast();
   }
 };
 
 struct NamespaceState {
   std::shared_ptr<Connection> conn;
-  uint64_t id = 0;
+  // Valid for the session of Connection::epoch == epoch; a namespace whose
+  // re-attach failed keeps an older epoch and stays unusable.
+  std::atomic<uint64_t> id{0};
+  std::atomic<uint64_t> epoch{0};
+  v1::AttachRequest attach_request;  // Replayed at re-attach (session unset).
   std::string name;
   Layout layout;
   uint32_t tp_rank = 0;
@@ -204,6 +281,9 @@ struct NamespaceState {
   bool registered = false;
   double map_seconds = 0;
   double register_seconds = 0;
+  absl::Mutex mu;
+  // Why the last re-attach failed (empty: it did not).
+  std::string stale_reason ABSL_GUARDED_BY(mu);
 
   ~NamespaceState() {
     if (registered) {
@@ -211,40 +291,88 @@ struct NamespaceState {
         UnregisterHostRange(seg->base(), seg->file_bytes());
       }
     }
+    // The session thread may drop the last reference while re-attaching;
+    // ~Connection joins that thread, so the worker (which may end itself
+    // from a task) lets the connection go instead.
+    if (conn != nullptr &&
+        std::this_thread::get_id() == conn->session_thread.get_id()) {
+      Worker* worker = conn->worker.get();
+      worker->Post([c = std::move(conn)] {});
+    }
   }
 
+  // Fills the request's session and namespace ids and returns the epoch
+  // they belong to; false (nothing usable) while the daemon is unreachable
+  // or this namespace is not attached to the current session.
   template <typename Req>
-  void Fill(Req* req) const {
+  bool Fill(Req* req, uint64_t* used_epoch) const {
+    const uint64_t e = conn->epoch.load();
+    if (!conn->alive.load() || epoch.load() != e) return false;
     req->set_api_version(1);
-    req->set_session_id(conn->session_id);
-    req->set_namespace_id(id);
+    req->set_session_id(conn->session_id.load());
+    req->set_namespace_id(id.load());
+    if (!conn->alive.load() || conn->epoch.load() != e) return false;
+    *used_epoch = e;
+    return true;
+  }
+  // True while the session of `e` is the current, open one.
+  bool Current(uint64_t e) const {
+    return conn->alive.load() && conn->epoch.load() == e;
+  }
+  // Reserve's and Commit's error while unusable.
+  absl::Status Unusable(absl::string_view what) {
+    {
+      absl::MutexLock lock(&mu);
+      if (conn->alive.load() && !stale_reason.empty()) {
+        return absl::UnavailableError(absl::StrCat(
+            what, ": namespace '", name,
+            "' could not be re-attached after the daemon restarted (",
+            stale_reason, "); attach it again"));
+      }
+    }
+    return Unreachable(what);
   }
 
-  absl::Status ReleaseLease(uint64_t lease_id) {
+  // Release and Abort of a lease or reservation of an ended session do
+  // nothing: the daemon that held them is gone, and so are they.
+  absl::Status ReleaseLease(uint64_t lease_epoch, uint64_t lease_id) {
     v1::ReleaseRequest req;
-    Fill(&req);
+    uint64_t e = 0;
+    if (!Fill(&req, &e) || e != lease_epoch) return absl::OkStatus();
     req.set_lease_id(lease_id);
     v1::ReleaseResponse resp;
     grpc::ClientContext ctx;
     conn->Deadline(&ctx);
-    return FromGrpc(conn->stub->Release(&ctx, req, &resp), "Release");
+    absl::Status s = FromGrpc(conn->stub->Release(&ctx, req, &resp), "Release");
+    return !s.ok() && (OutageLike(s) || !Current(e)) ? absl::OkStatus() : s;
   }
 
-  absl::Status AbortReservation(uint64_t reservation_id) {
+  absl::Status AbortReservation(uint64_t reservation_epoch,
+                                uint64_t reservation_id) {
     v1::AbortRequest req;
-    Fill(&req);
+    uint64_t e = 0;
+    if (!Fill(&req, &e) || e != reservation_epoch) return absl::OkStatus();
     req.set_reservation_id(reservation_id);
     v1::AbortResponse resp;
     grpc::ClientContext ctx;
     conn->Deadline(&ctx);
-    return FromGrpc(conn->stub->Abort(&ctx, req, &resp), "Abort");
+    absl::Status s = FromGrpc(conn->stub->Abort(&ctx, req, &resp), "Abort");
+    return !s.ok() && (OutageLike(s) || !Current(e)) ? absl::OkStatus() : s;
   }
 
   absl::StatusOr<CommitResult> CommitReservation(
-      uint64_t reservation_id, std::string_view parent,
-      std::string_view hashes, const std::vector<SnapshotPlacement>& snaps) {
+      uint64_t reservation_epoch, uint64_t reservation_id,
+      std::string_view parent, std::string_view hashes,
+      const std::vector<SnapshotPlacement>& snaps) {
     v1::CommitRequest req;
-    Fill(&req);
+    uint64_t e = 0;
+    if (!Fill(&req, &e)) return Unusable("Commit");
+    if (e != reservation_epoch) {
+      return absl::UnavailableError(absl::StrCat(
+          "Commit: reservation ", reservation_id,
+          " belongs to a daemon session that ended (the daemon restarted): "
+          "its rows are void; reserve again"));
+    }
     req.set_reservation_id(reservation_id);
     req.set_parent_hash(std::string(parent));
     req.set_hashes(std::string(hashes));
@@ -259,6 +387,7 @@ struct NamespaceState {
     if (absl::Status s =
             FromGrpc(conn->stub->Commit(&ctx, req, &resp), "Commit");
         !s.ok()) {
+      if (OutageLike(s) || !Current(e)) return Unreachable("Commit");
       return s;
     }
     return CommitResult{resp.committed_pages(), resp.deduplicated_pages(),
@@ -296,6 +425,189 @@ struct NamespaceState {
   }
 };
 
+// Maps the recreated segment `fresh` (at path) over namespace `ns`'s mapping
+// i, at the same address, so every pointer the engine holds into the bank
+// stays valid and now reaches the daemon's new segment. CUDA registration is
+// redone. REQUIRES: no copy into or out of the bank is in flight (its
+// contents were lost with the old segment anyway).
+absl::Status RemapInPlace(NamespaceState& ns, size_t i,
+                          const shm::Segment& fresh) {
+  shm::Segment& mine = *ns.segments[i];
+  if (fresh.file_bytes() != mine.file_bytes() || fresh.rows() != mine.rows() ||
+      fresh.row_stride() != mine.row_stride() ||
+      fresh.data_offset() != mine.data_offset()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bank at ", fresh.path(), " was recreated with another shape (",
+        fresh.rows(), " rows, ", fresh.file_bytes(), " bytes; mapped: ",
+        mine.rows(), " rows, ", mine.file_bytes(), " bytes)"));
+  }
+  const int fd = ::open(fresh.path().c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("reopening ", fresh.path()));
+  }
+  if (ns.registered) UnregisterHostRange(mine.base(), mine.file_bytes());
+  void* p = ::mmap(mine.base(), mine.file_bytes(), PROT_READ | PROT_WRITE,
+                   MAP_SHARED | MAP_FIXED, fd, 0);
+  const int mmap_errno = errno;
+  ::close(fd);
+  if (p == MAP_FAILED) {
+    // Keep the range mapped (zeros) so stray pointers cannot fault.
+    (void)::mmap(mine.base(), mine.file_bytes(), PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+    ns.registered = false;
+    return absl::ErrnoToStatus(
+        mmap_errno, absl::StrCat("remapping ", fresh.path(), " in place"));
+  }
+  if (ns.registered) {
+    if (absl::Status s = RegisterHostRange(mine.base(), mine.file_bytes());
+        !s.ok()) {
+      return absl::Status(
+          s.code(),
+          absl::StrCat("re-registering ", fresh.path(), ": ", s.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Attaches `ns` to session `session_id` as it was attached before and
+// checks its banks: the same segments keep their mappings; recreated ones
+// are remapped in place.
+absl::Status Reattach(NamespaceState& ns, uint64_t session_id) {
+  Connection& conn = *ns.conn;
+  v1::AttachRequest req = ns.attach_request;
+  req.set_session_id(session_id);
+  v1::AttachResponse resp;
+  grpc::ClientContext ctx;
+  conn.Deadline(&ctx);
+  if (absl::Status s = FromGrpc(conn.stub->Attach(&ctx, req, &resp), "Attach");
+      !s.ok()) {
+    return s;
+  }
+  if (static_cast<size_t>(resp.segments_size()) != ns.segments.size()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the daemon names ", resp.segments_size(), " banks, ",
+                     ns.segments.size(), " are mapped"));
+  }
+  for (size_t i = 0; i < ns.segments.size(); ++i) {
+    const v1::Segment& info = resp.segments(static_cast<int>(i));
+    shm::Segment& mine = *ns.segments[i];
+    if (info.path() != mine.path()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("bank '", info.bank(), "' moved from ", mine.path(),
+                       " to ", info.path()));
+    }
+    auto fresh = shm::Segment::Open(info.path());
+    if (!fresh.ok()) {
+      return absl::Status(fresh.status().code(),
+                          absl::StrCat("mapping bank '", info.bank(),
+                                       "': ", fresh.status().message()));
+    }
+    if (fresh->header().created_unix_ns == mine.header().created_unix_ns) {
+      continue;  // The same segment: the mapping is right as it is.
+    }
+    if (absl::Status s = RemapInPlace(ns, i, *fresh); !s.ok()) return s;
+  }
+  ns.id = resp.namespace_id();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Connection::Session> Connection::OpenSession() {
+  Session s;
+  s.context = std::make_unique<grpc::ClientContext>();
+  {
+    absl::MutexLock lock(&mu);
+    if (stopping) return absl::CancelledError("the client is closing");
+    session_context = s.context.get();
+  }
+  s.stream = stub->Session(s.context.get());
+  v1::SessionRequest hello;
+  hello.set_api_version(1);
+  hello.mutable_hello()->set_client_name(client_name);
+  hello.mutable_hello()->set_pid(static_cast<uint32_t>(getpid()));
+  v1::SessionEvent opened;
+  if (!s.stream->Write(hello) || !s.stream->Read(&opened) ||
+      !opened.has_opened()) {
+    grpc::Status st = s.stream->Finish();
+    {
+      absl::MutexLock lock(&mu);
+      session_context = nullptr;
+    }
+    return absl::UnavailableError(
+        absl::StrCat("kvtierd at unix:", socket,
+                     " did not open a session: ", st.error_message()));
+  }
+  s.id = opened.opened().session_id();
+  s.fast_lookup_socket = opened.opened().fast_lookup_socket();
+  return s;
+}
+
+void Connection::KeepSession(Session session) {
+  for (;;) {
+    v1::SessionEvent event;
+    while (session.stream->Read(&event)) {
+    }
+    // The daemon stopped, died or restarted: everything of this session is
+    // void from here on.
+    alive = false;
+    CloseFast();
+    (void)session.stream->Finish();
+    {
+      absl::MutexLock lock(&mu);
+      session_context = nullptr;
+    }
+    session = Session();
+    if (!reconnect) return;
+    absl::Duration backoff = absl::Milliseconds(20);
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu);
+        mu.AwaitWithTimeout(absl::Condition(&stopping), backoff);
+        if (stopping) return;
+      }
+      backoff = std::min(backoff * 2, absl::Seconds(1));
+      if (!channel->WaitForConnected(
+              absl::ToChronoTime(absl::Now() + absl::Milliseconds(250)))) {
+        continue;
+      }
+      auto opened = OpenSession();
+      if (!opened.ok()) continue;
+      session = *std::move(opened);
+      session_id = session.id;
+      // Binds this process's credentials to the new session before any
+      // attach, as Connect does.
+      ConnectFast(session.fast_lookup_socket, fast_lookup);
+      const uint64_t next = epoch.load() + 1;
+      ReattachAll(session.id, next);
+      epoch = next;
+      alive = true;
+      break;
+    }
+  }
+}
+
+void Connection::ReattachAll(uint64_t session, uint64_t next_epoch) {
+  std::vector<std::shared_ptr<NamespaceState>> live;
+  {
+    absl::MutexLock lock(&mu);
+    namespaces.erase(std::remove_if(namespaces.begin(), namespaces.end(),
+                                    [](const auto& w) { return w.expired(); }),
+                     namespaces.end());
+    for (const auto& w : namespaces) {
+      if (auto ns = w.lock()) live.push_back(std::move(ns));
+    }
+  }
+  for (const auto& ns : live) {
+    const absl::Status s = Reattach(*ns, session);
+    absl::MutexLock lock(&ns->mu);
+    if (s.ok()) {
+      ns->stale_reason.clear();
+      ns->epoch = next_epoch;
+    } else {
+      ns->stale_reason = std::string(s.message());
+    }
+  }
+}
+
 }  // namespace client
 
 using client::Connection;
@@ -310,6 +622,7 @@ Lease& Lease::operator=(Lease&& o) noexcept {
     if (lease_id_ != 0) (void)Release();
     ns_ = std::move(o.ns_);
     lease_id_ = std::exchange(o.lease_id_, 0);
+    epoch_ = o.epoch_;
     matched_pages_ = o.matched_pages_;
     usable_pages_ = o.usable_pages_;
     rows_ = std::move(o.rows_);
@@ -326,7 +639,7 @@ Lease::~Lease() {
 absl::Status Lease::Release() {
   if (lease_id_ == 0) return absl::OkStatus();
   const uint64_t id = std::exchange(lease_id_, 0);
-  return ns_->ReleaseLease(id);
+  return ns_->ReleaseLease(epoch_, id);
 }
 
 void Lease::ReleaseAfter(void* stream) {
@@ -335,8 +648,8 @@ void Lease::ReleaseAfter(void* stream) {
   auto ns = ns_;
   // If the callback cannot be queued, the pin is kept (the session's end
   // releases it): unpinning rows a copy may still read would be worse.
-  ns->After(stream, [ns, id](absl::Status queued) {
-    if (queued.ok()) (void)ns->ReleaseLease(id);
+  ns->After(stream, [ns, id, epoch = epoch_](absl::Status queued) {
+    if (queued.ok()) (void)ns->ReleaseLease(epoch, id);
   });
 }
 
@@ -349,6 +662,7 @@ Reservation& Reservation::operator=(Reservation&& o) noexcept {
     if (id_ != 0) (void)Abort();
     ns_ = std::move(o.ns_);
     id_ = std::exchange(o.id_, 0);
+    epoch_ = o.epoch_;
     page_rows_ = std::move(o.page_rows_);
     snapshot_rows_ = std::move(o.snapshot_rows_);
   }
@@ -366,7 +680,8 @@ absl::StatusOr<CommitResult> Reservation::Commit(
     return absl::FailedPreconditionError(
         "reservation: already committed or aborted");
   }
-  auto result = ns_->CommitReservation(id_, parent_hash, hashes, snapshots);
+  auto result =
+      ns_->CommitReservation(epoch_, id_, parent_hash, hashes, snapshots);
   if (result.ok()) id_ = 0;
   return result;
 }
@@ -383,16 +698,16 @@ std::future<absl::StatusOr<CommitResult>> Reservation::CommitAfter(
   }
   const uint64_t id = std::exchange(id_, 0);
   auto ns = ns_;
-  ns->After(stream, [ns, id, promise, parent = std::move(parent_hash),
-                     h = std::move(hashes),
+  ns->After(stream, [ns, id, epoch = epoch_, promise,
+                     parent = std::move(parent_hash), h = std::move(hashes),
                      s = std::move(snapshots)](absl::Status queued) {
     if (!queued.ok()) {
-      (void)ns->AbortReservation(id);
+      (void)ns->AbortReservation(epoch, id);
       promise->set_value(queued);
       return;
     }
-    auto result = ns->CommitReservation(id, parent, h, s);
-    if (!result.ok()) (void)ns->AbortReservation(id);
+    auto result = ns->CommitReservation(epoch, id, parent, h, s);
+    if (!result.ok()) (void)ns->AbortReservation(epoch, id);
     promise->set_value(std::move(result));
   });
   return future;
@@ -405,7 +720,7 @@ uint32_t Reservation::hash_bytes() const {
 absl::Status Reservation::Abort() {
   if (id_ == 0) return absl::OkStatus();
   const uint64_t id = std::exchange(id_, 0);
-  return ns_->AbortReservation(id);
+  return ns_->AbortReservation(epoch_, id);
 }
 
 // -------------------------------------------------------------- Namespace --
@@ -414,7 +729,7 @@ Namespace::Namespace(std::shared_ptr<NamespaceState> state)
     : state_(std::move(state)) {}
 Namespace::~Namespace() = default;
 
-uint64_t Namespace::id() const { return state_->id; }
+uint64_t Namespace::id() const { return state_->id.load(); }
 const std::string& Namespace::name() const { return state_->name; }
 const Layout& Namespace::layout() const { return state_->layout; }
 uint32_t Namespace::tp_rank() const { return state_->tp_rank; }
@@ -431,15 +746,27 @@ double Namespace::map_seconds() const { return state_->map_seconds; }
 double Namespace::register_seconds() const { return state_->register_seconds; }
 
 absl::StatusOr<Lease> Namespace::Lookup(std::string_view hashes, bool pin) {
+  // During an outage (or when the answer came from a session that ended
+  // meanwhile, whose pin is void) the engine gets a miss: it recomputes.
+  Lease miss;
+  miss.ns_ = state_;
+  v1::LookupRequest req;
+  uint64_t epoch = 0;
+  if (!state_->Fill(&req, &epoch)) return miss;
   {
     absl::Status status;
     fastpath::Reply reply;
     Lease lease;
-    if (state_->conn->FastLookup(state_->id, hashes, pin, &status, &reply,
-                                 &lease.rows_)) {
-      if (!status.ok()) return status;
+    if (state_->conn->FastLookup(req.namespace_id(), hashes, pin, &status,
+                                 &reply, &lease.rows_)) {
+      if (!state_->Current(epoch)) return miss;
+      if (!status.ok()) {
+        if (client::OutageLike(status)) return miss;
+        return status;
+      }
       lease.ns_ = state_;
       lease.lease_id_ = reply.lease_id;
+      lease.epoch_ = epoch;
       lease.matched_pages_ = reply.matched_pages;
       lease.usable_pages_ = reply.usable_pages;
       lease.has_snapshot_ = reply.has_snapshot != 0;
@@ -447,8 +774,6 @@ absl::StatusOr<Lease> Namespace::Lookup(std::string_view hashes, bool pin) {
       return lease;
     }
   }
-  v1::LookupRequest req;
-  state_->Fill(&req);
   req.set_hashes(std::string(hashes));
   req.set_pin(pin);
   v1::LookupResponse resp;
@@ -457,11 +782,14 @@ absl::StatusOr<Lease> Namespace::Lookup(std::string_view hashes, bool pin) {
   if (absl::Status s = client::FromGrpc(
           state_->conn->stub->Lookup(&ctx, req, &resp), "Lookup");
       !s.ok()) {
+    if (client::OutageLike(s) || !state_->Current(epoch)) return miss;
     return s;
   }
+  if (!state_->Current(epoch)) return miss;
   Lease lease;
   lease.ns_ = state_;
   lease.lease_id_ = resp.lease_id();
+  lease.epoch_ = epoch;
   lease.matched_pages_ = resp.matched_pages();
   lease.usable_pages_ = resp.usable_pages();
   lease.rows_.assign(resp.rows().begin(), resp.rows().end());
@@ -473,7 +801,8 @@ absl::StatusOr<Lease> Namespace::Lookup(std::string_view hashes, bool pin) {
 absl::StatusOr<Reservation> Namespace::Reserve(uint32_t pages,
                                                uint32_t snapshots) {
   v1::ReserveRequest req;
-  state_->Fill(&req);
+  uint64_t epoch = 0;
+  if (!state_->Fill(&req, &epoch)) return state_->Unusable("Reserve");
   req.set_pages(pages);
   req.set_snapshots(snapshots);
   v1::ReserveResponse resp;
@@ -482,11 +811,17 @@ absl::StatusOr<Reservation> Namespace::Reserve(uint32_t pages,
   if (absl::Status s = client::FromGrpc(
           state_->conn->stub->Reserve(&ctx, req, &resp), "Reserve");
       !s.ok()) {
+    if (client::OutageLike(s) || !state_->Current(epoch)) {
+      return client::Unreachable("Reserve");
+    }
     return s;
   }
+  // Rows of a session that ended during the call are void.
+  if (!state_->Current(epoch)) return client::Unreachable("Reserve");
   Reservation r;
   r.ns_ = state_;
   r.id_ = resp.reservation_id();
+  r.epoch_ = epoch;
   r.page_rows_.assign(resp.page_rows().begin(), resp.page_rows().end());
   r.snapshot_rows_.assign(resp.snapshot_rows().begin(),
                           resp.snapshot_rows().end());
@@ -527,7 +862,7 @@ Client::Client(std::shared_ptr<Connection> connection)
 
 Client::~Client() = default;
 
-uint64_t Client::session_id() const { return connection_->session_id; }
+uint64_t Client::session_id() const { return connection_->session_id.load(); }
 const std::string& Client::socket() const { return connection_->socket; }
 bool Client::session_alive() const { return connection_->alive.load(); }
 bool Client::fast_lookup_active() const {
@@ -544,6 +879,14 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   args.SetMaxReceiveMessageSize(64 << 20);
   // Each Client is its own connection, as each engine process is.
   args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  // A restarted daemon is found again within ~a second, not gRPC's default
+  // backoff of up to two minutes.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  conn->client_name = options.client_name;
+  conn->fast_lookup = options.fast_lookup;
+  conn->reconnect = options.reconnect;
   conn->channel = grpc::CreateCustomChannel(
       "unix:" + conn->socket, grpc::InsecureChannelCredentials(), args);
   if (!conn->channel->WaitForConnected(
@@ -553,31 +896,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
         " (is the daemon running? set --socket or $KVTIER_SOCKET)"));
   }
   conn->stub = v1::TierService::NewStub(conn->channel);
-  conn->session = conn->stub->Session(&conn->session_context);
-  v1::SessionRequest hello;
-  hello.set_api_version(1);
-  hello.mutable_hello()->set_client_name(options.client_name);
-  hello.mutable_hello()->set_pid(static_cast<uint32_t>(getpid()));
-  v1::SessionEvent opened;
-  if (!conn->session->Write(hello) || !conn->session->Read(&opened) ||
-      !opened.has_opened()) {
-    grpc::Status st = conn->session->Finish();
-    conn->session.reset();
-    return absl::UnavailableError(absl::StrCat(
-        "kvtierd at unix:", conn->socket,
-        " did not open a session: ", st.error_message()));
-  }
-  conn->session_id = opened.opened().session_id();
+  auto session = conn->OpenSession();
+  if (!session.ok()) return session.status();
+  conn->session_id = session->id;
+  conn->ConnectFast(session->fast_lookup_socket, options.fast_lookup);
+  conn->epoch = 1;
   conn->alive = true;
-  if (options.fast_lookup) conn->ConnectFast(opened.opened().fast_lookup_socket());
   Connection* raw = conn.get();
-  conn->session_reader = std::thread([raw] {
-    v1::SessionEvent event;
-    while (raw->session->Read(&event)) {
-    }
-    raw->alive = false;
-    raw->session->Finish();
-  });
+  conn->session_thread =
+      std::thread([raw, first = *std::move(session)]() mutable {
+        raw->KeepSession(std::move(first));
+      });
   return std::unique_ptr<Client>(new Client(std::move(conn)));
 }
 
@@ -585,7 +914,6 @@ absl::StatusOr<std::unique_ptr<Namespace>> Client::Attach(
     const AttachOptions& options) {
   v1::AttachRequest req;
   req.set_api_version(1);
-  req.set_session_id(connection_->session_id);
   req.set_namespace_(options.name);
   v1::Layout* l = req.mutable_layout();
   l->set_model(options.layout.model);
@@ -607,6 +935,13 @@ absl::StatusOr<std::unique_ptr<Namespace>> Client::Attach(
   req.mutable_capacity()->set_max_replay_tokens(
       options.capacity.max_replay_tokens);
   req.set_tenant_salt(options.tenant_salt);
+  const v1::AttachRequest replay = req;  // Without a session.
+  const uint64_t epoch = connection_->epoch.load();
+  if (!connection_->alive.load()) return client::Unreachable("Attach");
+  req.set_session_id(connection_->session_id.load());
+  if (!connection_->alive.load() || connection_->epoch.load() != epoch) {
+    return client::Unreachable("Attach");
+  }
   v1::AttachResponse resp;
   grpc::ClientContext ctx;
   connection_->Deadline(&ctx);
@@ -619,6 +954,8 @@ absl::StatusOr<std::unique_ptr<Namespace>> Client::Attach(
   auto state = std::make_shared<NamespaceState>();
   state->conn = connection_;
   state->id = resp.namespace_id();
+  state->epoch = epoch;
+  state->attach_request = replay;
   state->name = options.name;
   state->layout = options.layout;
   state->tp_rank = options.tp_rank;
@@ -681,11 +1018,19 @@ absl::StatusOr<std::unique_ptr<Namespace>> Client::Attach(
     for (auto& b : state->page_banks) b.cuda_registered = true;
     if (state->snapshot_bank) state->snapshot_bank->cuda_registered = true;
   }
+  {
+    absl::MutexLock lock(&connection_->mu);
+    connection_->namespaces.push_back(state);
+  }
+  // A session that ended during the attach may have been replaced without
+  // this namespace: its id would be the dead session's.
+  if (!state->Current(epoch)) return client::Unreachable("Attach");
   return std::unique_ptr<Namespace>(new Namespace(std::move(state)));
 }
 
 absl::StatusOr<DropResult> Client::Drop(const std::string& name,
                                         std::string_view hash, bool force) {
+  if (!connection_->alive.load()) return client::Unreachable("Drop");
   v1::DropRequest req;
   req.set_api_version(1);
   req.set_namespace_(name);

@@ -220,7 +220,7 @@ TEST_F(ClientTest, FastLookupPathMatchesGrpc) {
   EXPECT_TRUE(client_->fast_lookup_active());
 }
 
-TEST_F(ClientTest, DaemonDeathIsAnErrorNotACrash) {
+TEST_F(ClientTest, DaemonDeathIsAMissNotACrash) {
   auto ns = client_->Attach(Options("death"));
   ASSERT_TRUE(ns.ok());
   EXPECT_TRUE(client_->session_alive());
@@ -230,9 +230,12 @@ TEST_F(ClientTest, DaemonDeathIsAnErrorNotACrash) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_FALSE(client_->session_alive());
+  // The engine recomputes: a lookup is a miss, writes are refused.
   auto lease = (*ns)->Lookup(std::string(32, 'x'));
-  EXPECT_EQ(lease.status().code(), absl::StatusCode::kUnavailable)
-      << lease.status();
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(lease->matched_pages(), 0u);
+  EXPECT_FALSE(lease->pinned());
+  EXPECT_EQ((*ns)->Reserve(1).status().code(), absl::StatusCode::kUnavailable);
 }
 
 }  // namespace

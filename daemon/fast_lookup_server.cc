@@ -13,13 +13,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/fast_lookup.h"
+#include "daemon/metrics.h"
+#include "daemon/peer_credentials.h"
 #include "spdlog/spdlog.h"
 
 namespace kvtier::daemon {
 
 FastLookupServer::~FastLookupServer() { Stop(); }
 
-absl::Status FastLookupServer::Start(const std::string& path) {
+absl::Status FastLookupServer::Start(const std::string& path, gid_t group) {
   sockaddr_un addr{};
   if (path.size() >= sizeof(addr.sun_path)) {
     return absl::InvalidArgumentError(
@@ -44,7 +46,17 @@ absl::Status FastLookupServer::Start(const std::string& path) {
     return absl::FailedPreconditionError(
         absl::StrCat("fast lookup socket ", path, ": ", strerror(err)));
   }
-  ::chmod(path.c_str(), 0660);
+  if ((group != static_cast<gid_t>(-1) &&
+       ::chown(path.c_str(), static_cast<uid_t>(-1), group) != 0) ||
+      ::chmod(path.c_str(), 0660) != 0) {
+    const int err = errno;
+    ::close(listen_fd_);
+    listen_fd_ = -1;
+    ::unlink(path.c_str());
+    return absl::FailedPreconditionError(absl::StrCat(
+        "fast lookup socket ", path, ": setting group ", group,
+        " and mode 0660: ", strerror(err)));
+  }
   path_ = path;
   acceptor_ = std::thread([this] { AcceptLoop(); });
   return absl::OkStatus();
@@ -115,8 +127,14 @@ void FastLookupServer::Serve(uint64_t id, int fd) {
   if (ok) {
     if (hello.version != kVersion) {
       hello_reply.code = static_cast<int>(absl::StatusCode::kFailedPrecondition);
-    } else if (!core_->SessionOpen(hello.session_id)) {
-      hello_reply.code = static_cast<int>(absl::StatusCode::kNotFound);
+    } else {
+      // The kernel's record of this peer becomes the session's identity
+      // (daemon/peer_credentials.h); an unknown session is NOT_FOUND.
+      auto peer = ReadPeerCredentials(fd);
+      absl::Status bound =
+          peer.ok() ? core_->BindPeerCredentials(hello.session_id, *peer)
+                    : peer.status();
+      hello_reply.code = static_cast<int>(bound.code());
     }
     iovec iov{&hello_reply, sizeof(hello_reply)};
     ok = WriteFullV(fd, &iov, 1) && hello_reply.code == 0;
@@ -131,9 +149,11 @@ void FastLookupServer::Serve(uint64_t id, int fd) {
     }
     hashes.resize(req.hash_bytes);
     if (!ReadFull(fd, hashes.data(), hashes.size())) break;
+    OpTimer timer(TimedOp::kLookup, Transport::kFastPath);
     absl::Status s =
         core_->LookupHashes(hello.session_id, req.namespace_id, hashes,
                             (req.flags & kFlagPin) != 0, &out);
+    timer.Done(s.ok());
     Reply reply;
     std::string message;
     iovec iov[3];

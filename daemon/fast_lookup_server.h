@@ -2,11 +2,15 @@
 // unix socket beside gRPC. One thread per engine connection blocks in read()
 // and answers with TierCore::LookupHashes: no HTTP/2, no thread hand-off.
 // Engines are few per node (one per GPU), so a thread each is cheap; the
-// number of connections is capped.
+// number of connections is capped. A connection's Hello also binds the
+// peer's SO_PEERCRED to its session: this socket is how the daemon learns
+// who an engine is (daemon/peer_credentials.h).
 //
 // Thread-safety: Start and Stop from one thread; serving threads are internal.
 #ifndef KVTIER_DAEMON_FAST_LOOKUP_SERVER_H_
 #define KVTIER_DAEMON_FAST_LOOKUP_SERVER_H_
+
+#include <sys/types.h>
 
 #include <string>
 #include <thread>
@@ -29,8 +33,10 @@ class FastLookupServer {
   explicit FastLookupServer(TierCore* core) : core_(core) {}
   ~FastLookupServer();  // Stops.
 
-  // Listens on `path` (a stale socket file is replaced; mode 0660).
-  absl::Status Start(const std::string& path);
+  // Listens on `path` (a stale socket file is replaced; mode 0660, owned by
+  // `group` unless it is -1).
+  absl::Status Start(const std::string& path,
+                     gid_t group = static_cast<gid_t>(-1));
   // Closes the listener and every connection and waits for their threads.
   void Stop();
 

@@ -1,7 +1,8 @@
 // kvtierd: the per-node daemon. Parses flags (absl; --flagfile works),
 // creates the TierCore, serves TierService, grpc.health.v1.Health and server
-// reflection on a unix socket, and stops cleanly on SIGTERM/SIGINT, keeping
-// the segments so a restarted daemon finds them.
+// reflection on a unix socket and Prometheus metrics on a loopback port,
+// tells systemd when it is ready (sd_notify, watchdog), and drains cleanly on
+// SIGTERM/SIGINT, keeping the segments so a restarted daemon finds them.
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -21,6 +22,8 @@
 #include "absl/time/clock.h"
 #include "common/default_socket.h"
 #include "daemon/fast_lookup_server.h"
+#include "daemon/metrics.h"
+#include "daemon/systemd_notify.h"
 #include "daemon/tier_core.h"
 #include "daemon/tier_service.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -50,12 +53,47 @@ ABSL_FLAG(std::string, demo_namespace, "",
           "Create a small demo namespace of this name at start (make run)");
 ABSL_FLAG(bool, fast_lookup, true,
           "Serve the fast lookup path on <socket>.lookup beside gRPC");
+ABSL_FLAG(std::string, group, "",
+          "Group (name or gid) that owns the sockets and segments, mode 0660: "
+          "only its members reach the daemon and map banks (empty: the "
+          "daemon's own group)");
+ABSL_FLAG(bool, require_peer_credentials, true,
+          "Refuse Attach from sessions whose peer credentials (SO_PEERCRED, "
+          "bound on the fast lookup socket) are not known; needs "
+          "--fast_lookup");
+ABSL_FLAG(std::string, namespace_acl, "",
+          "Who may attach where: PATTERN=PRINCIPAL[+PRINCIPAL...][;...], "
+          "PATTERN a namespace name or a prefix ending in '*', PRINCIPAL "
+          "uid:N, gid:N, user:NAME or group:NAME; a namespace's segments "
+          "get its entry's first group. Example: "
+          "'llama=group:ml+user:alice;scratch.*=uid:1001'");
+ABSL_FLAG(uint64_t, uid_budget_bytes, 0,
+          "Most bank bytes the namespaces one uid creates may hold together "
+          "(0: no limit)");
+ABSL_FLAG(std::string, metrics_address, "127.0.0.1:9464",
+          "Serve Prometheus metrics at http://ADDRESS/metrics (host:port, a "
+          "loopback host unless a scraper elsewhere needs it; port 0 picks "
+          "one; empty: no metrics). A port in use is logged, not fatal");
+ABSL_FLAG(std::string, state_dir, "",
+          "Folder of the namespace journals that let a restarted daemon find "
+          "every acknowledged prefix (empty: <shm_dir>/<segment_prefix>.state, "
+          "beside the banks it describes: both vanish at a reboot, and "
+          "daemons with their own shm_dir never share it). 'none': no "
+          "journal; a restart then serves nothing committed before it");
+ABSL_FLAG(bool, journal_fsync, false,
+          "fdatasync the journal after every record: acknowledged commits "
+          "survive a machine crash too, at a disk flush each. Without it they "
+          "survive any crash of the daemon process (the page cache keeps "
+          "them); banks in /dev/shm do not survive a reboot anyway");
+ABSL_FLAG(uint64_t, journal_compact_bytes, 64ull << 20,
+          "Rewrite a namespace's journal as a checkpoint once the records "
+          "after its last one exceed this and 4x the checkpoint");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
 
 namespace kvtier::daemon {
 namespace {
 
-absl::Status PrepareSocket(const std::string& path) {
+absl::Status PrepareSocket(const std::string& path, gid_t group) {
   if (path.size() >= sizeof(sockaddr_un::sun_path)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--socket: path longer than ",
@@ -70,6 +108,12 @@ absl::Status PrepareSocket(const std::string& path) {
           "--socket: cannot create ", dir.string(), ": ", ec.message()));
     }
     ::chmod(dir.c_str(), 0770);
+    if (group != static_cast<gid_t>(-1) &&
+        ::chown(dir.c_str(), static_cast<uid_t>(-1), group) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--socket: cannot give ", dir.string(), " to group ", group, ": ",
+          strerror(errno)));
+    }
   }
   // A socket file left by a daemon that died is removed; a live daemon's
   // socket would make bind fail, which gRPC reports.
@@ -139,8 +183,62 @@ int Main(int argc, char** argv) {
   options.default_max_replay_tokens =
       absl::GetFlag(FLAGS_default_max_replay_tokens);
   options.max_namespaces = absl::GetFlag(FLAGS_max_namespaces);
+  // Isolation: see daemon/peer_credentials.h.
+  gid_t group = static_cast<gid_t>(-1);
+  if (const std::string g = absl::GetFlag(FLAGS_group); !g.empty()) {
+    auto gid = ResolveGroup(g, "--group");
+    if (!gid.ok()) {
+      SPDLOG_CRITICAL("{}", gid.status().ToString());
+      return 2;
+    }
+    group = *gid;
+    options.segments.group = group;
+  }
+  options.require_peer_credentials =
+      absl::GetFlag(FLAGS_require_peer_credentials);
+  if (options.require_peer_credentials && !absl::GetFlag(FLAGS_fast_lookup)) {
+    SPDLOG_CRITICAL(
+        "--require_peer_credentials needs --fast_lookup: sessions bind their "
+        "credentials on the fast lookup socket");
+    return 2;
+  }
+  auto acl = NamespaceAcl::Parse(absl::GetFlag(FLAGS_namespace_acl));
+  if (!acl.ok()) {
+    SPDLOG_CRITICAL("{}", acl.status().ToString());
+    return 2;
+  }
+  if (!acl->empty() && !absl::GetFlag(FLAGS_fast_lookup)) {
+    SPDLOG_CRITICAL("--namespace_acl needs --fast_lookup: sessions bind their "
+                    "credentials on the fast lookup socket");
+    return 2;
+  }
+  options.namespace_acl = *std::move(acl);
+  options.uid_budget_bytes = absl::GetFlag(FLAGS_uid_budget_bytes);
+  options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  if (options.state_dir.empty()) {
+    options.state_dir = absl::StrCat(options.segments.shm_dir, "/",
+                                     options.segment_prefix, ".state");
+  } else if (options.state_dir == "none") {
+    options.state_dir.clear();
+  }
+  options.journal.fsync = absl::GetFlag(FLAGS_journal_fsync);
+  options.journal.min_compact_bytes =
+      absl::GetFlag(FLAGS_journal_compact_bytes);
 
   TierCore core(options);
+  // Before anything is served: namespaces and indexes from the journals.
+  if (auto report = core.Recover(); !report.ok()) {
+    SPDLOG_CRITICAL("{}", report.status().ToString());
+    return 1;
+  } else if (!options.state_dir.empty()) {
+    SPDLOG_INFO("recovered {} namespaces ({} emptied: segments recreated), "
+                "{} pages, from {} journal bytes in {} ({} torn, {} "
+                "unreadable) in {}",
+                report->namespaces, report->namespaces_emptied, report->pages,
+                report->journal_bytes, options.state_dir,
+                report->journals_torn, report->journals_unreadable,
+                absl::FormatDuration(report->elapsed));
+  }
   if (const std::string demo = absl::GetFlag(FLAGS_demo_namespace);
       !demo.empty()) {
     if (absl::Status s = core.CreateNamespace(demo, DemoLayout(), {});
@@ -150,9 +248,37 @@ int Main(int argc, char** argv) {
     }
   }
 
+  // Metrics read the core at scrape time; the hook times requests. They are
+  // auxiliary: a taken port is logged and the tier serves without them.
+  MetricsExporter metrics(&core);
+  std::string metrics_status = "no metrics";
+  if (const std::string address = absl::GetFlag(FLAGS_metrics_address);
+      !address.empty()) {
+    if (absl::Status s = metrics.Start(address); s.ok()) {
+      SetLatencySink(&metrics);
+      metrics_status =
+          absl::StrCat("metrics on http://",
+                       address.substr(0, address.rfind(':')), ":",
+                       metrics.port(), "/metrics");
+      SPDLOG_INFO("{}", metrics_status);
+    } else if (absl::IsInvalidArgument(s)) {
+      SPDLOG_CRITICAL("{}", s.ToString());
+      return 2;
+    } else {
+      metrics_status = "metrics unavailable";
+      SPDLOG_ERROR("{}; serving without metrics", s.ToString());
+    }
+  }
+  // Uninstalls the hook before `metrics` goes, whichever way Main returns
+  // (declared after it, so destroyed first; the servers below go earlier).
+  struct SinkGuard {
+    ~SinkGuard() { SetLatencySink(nullptr); }
+  } sink_guard;
+  SystemdNotifier notifier;
+
   std::string socket = absl::GetFlag(FLAGS_socket);
   if (socket.empty()) socket = DefaultDaemonSocket();
-  if (absl::Status s = PrepareSocket(socket); !s.ok()) {
+  if (absl::Status s = PrepareSocket(socket, group); !s.ok()) {
     SPDLOG_CRITICAL("{}", s.ToString());
     return 1;
   }
@@ -161,7 +287,7 @@ int Main(int argc, char** argv) {
   std::string fast_socket;
   if (absl::GetFlag(FLAGS_fast_lookup)) {
     fast_socket = socket + ".lookup";
-    if (absl::Status s = fast.Start(fast_socket); !s.ok()) {
+    if (absl::Status s = fast.Start(fast_socket, group); !s.ok()) {
       SPDLOG_CRITICAL("{}", s.ToString());
       return 1;
     }
@@ -179,14 +305,40 @@ int Main(int argc, char** argv) {
                     socket);
     return 1;
   }
-  ::chmod(socket.c_str(), 0660);
+  // Until these calls the socket has the daemon's group and the umask's
+  // mode (0755 under the usual 022: nobody else may connect).
+  if ((group != static_cast<gid_t>(-1) &&
+       ::chown(socket.c_str(), static_cast<uid_t>(-1), group) != 0) ||
+      ::chmod(socket.c_str(), 0660) != 0) {
+    SPDLOG_CRITICAL("--socket {}: setting group and mode 0660: {}", socket,
+                    strerror(errno));
+    server->Shutdown();
+    fast.Stop();
+    return 1;
+  }
   server->GetHealthCheckService()->SetServingStatus(true);
   SPDLOG_INFO("kvtierd {} serving on unix:{}", KVTIER_VERSION, socket);
+  // Banks and index are ready and the socket accepts: tell systemd. The
+  // watchdog pings while the core answers Stats (its locks are not stuck).
+  notifier.Ready(absl::StrCat("serving on unix:", socket, ", ",
+                              metrics_status));
+  const absl::Duration watchdog = notifier.StartWatchdog([&core] {
+    v1::StatsResponse stats;
+    return core.Stats(v1::StatsRequest(), &stats).ok();
+  });
+  if (watchdog > absl::ZeroDuration()) {
+    SPDLOG_INFO("systemd watchdog: pinging every {}",
+                absl::FormatDuration(watchdog / 2));
+  }
 
   std::thread waiter([&] {
     int sig = 0;
     sigwait(&stop_signals, &sig);
     SPDLOG_INFO("signal {}: stopping (segments are kept)", sig);
+    // Drain: health says NOT_SERVING at once, then in-flight calls get the
+    // Shutdown deadline and open Session streams end, which tells every
+    // engine to reconnect; the segments stay for the next daemon.
+    notifier.Stopping("draining: segments are kept");
     server->GetHealthCheckService()->SetServingStatus(false);
     server->Shutdown(std::chrono::system_clock::now() +
                      std::chrono::seconds(2));
@@ -194,6 +346,9 @@ int Main(int argc, char** argv) {
   server->Wait();
   waiter.join();
   fast.Stop();
+  notifier.StopWatchdog();
+  SetLatencySink(nullptr);
+  metrics.Stop();
   ::unlink(socket.c_str());
   SPDLOG_INFO("kvtierd stopped");
   return 0;

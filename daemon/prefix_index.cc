@@ -200,6 +200,42 @@ absl::Status PrefixIndex::FreeRows(RowPool& pool, uint32_t rank,
   return absl::OkStatus();
 }
 
+absl::Status PrefixIndex::ClaimRows(RowPool& pool, uint32_t rank,
+                                    absl::Span<const uint32_t> rows,
+                                    const char* bank) {
+  uint8_t* state = pool.state.data() + rank * pool.rows_per_rank;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i] >= pool.rows_per_rank) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rows[", i, "]: ", bank, " row ", rows[i],
+                       " is out of range (", pool.rows_per_rank, " rows)"));
+    }
+    if (state[rows[i]] != RowPool::kFree) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rows[", i, "]: ", bank, " row ", rows[i], " of rank ",
+                       rank, " is ", StateName(state[rows[i]]), ", not free"));
+    }
+  }
+  // Marks as we go; a row already marked is listed twice.
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (state[rows[i]] == RowPool::kAllocated) {
+      for (size_t j = 0; j < i; ++j) state[rows[j]] = RowPool::kFree;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rows[", i, "]: ", bank, " row ", rows[i], " is listed twice"));
+    }
+    state[rows[i]] = RowPool::kAllocated;
+  }
+  // One pass over the free stack drops every claimed row, keeping the order.
+  std::vector<uint32_t>& stack = pool.free[rank];
+  stack.erase(std::remove_if(stack.begin(), stack.end(),
+                             [state](uint32_t row) {
+                               return state[row] != RowPool::kFree;
+                             }),
+              stack.end());
+  pool.allocated[rank] += rows.size();
+  return absl::OkStatus();
+}
+
 void PrefixIndex::CommitRow(RowPool& pool, uint32_t rank, uint32_t row) {
   pool.state[rank * pool.rows_per_rank + row] = RowPool::kCommitted;
   --pool.allocated[rank];
@@ -483,10 +519,46 @@ absl::Status PrefixIndex::FreeSnapshotRows(uint32_t rank,
   return FreeRows(snapshots_, rank, rows, "snapshot");
 }
 
+absl::Status PrefixIndex::ClaimPageRows(uint32_t rank,
+                                        absl::Span<const uint32_t> rows) {
+  if (absl::Status s = ValidateRank(rank); !s.ok()) return s;
+  return ClaimRows(pages_, rank, rows, "page");
+}
+
+absl::Status PrefixIndex::ClaimSnapshotRows(uint32_t rank,
+                                            absl::Span<const uint32_t> rows) {
+  if (rows.empty()) return absl::OkStatus();
+  if (!hybrid_) {
+    return absl::FailedPreconditionError(
+        "snapshot rows: the namespace is not hybrid (snapshot_rows is 0)");
+  }
+  if (absl::Status s = ValidateRank(rank); !s.ok()) return s;
+  return ClaimRows(snapshots_, rank, rows, "snapshot");
+}
+
+void PrefixIndex::ReserveNodes(size_t nodes) { by_key_.reserve(nodes); }
+
 // -------------------------------------------------------------- lookup --
 
 PrefixIndex::LookupResult PrefixIndex::Lookup(absl::Span<const HashKey> hashes,
                                               uint32_t rank) {
+  LookupResult result = Find(hashes, rank);
+  if (result.touch_node != kNoNode) Touch(result.touch_node);
+  return result;
+}
+
+void PrefixIndex::Touch(uint32_t node) {
+  if (!IsLive(node)) return;
+  Tick();
+  SetRecency(node, tick_, now_ms_);
+}
+
+bool PrefixIndex::NodeHasKey(uint32_t node, const HashKey& key) const {
+  return IsLive(node) && KeyEquals(N(node).key, key);
+}
+
+PrefixIndex::LookupResult PrefixIndex::Find(absl::Span<const HashKey> hashes,
+                                            uint32_t rank) const {
   LookupResult result;
   if (rank >= tp_size_ || hashes.empty()) return result;
   const uint32_t r = ranks_ == 1 ? 0 : rank;
@@ -578,12 +650,7 @@ PrefixIndex::LookupResult PrefixIndex::Lookup(absl::Span<const HashKey> hashes,
     result.usable_pages = result.matched_pages;
     result.pin_node = deepest;
   }
-  const uint32_t touched =
-      result.pin_node != kNoNode ? result.pin_node : deepest;
-  if (touched != kNoNode) {
-    Tick();
-    SetRecency(touched, tick_, now_ms_);
-  }
+  result.touch_node = result.pin_node != kNoNode ? result.pin_node : deepest;
   return result;
 }
 
@@ -930,6 +997,40 @@ std::vector<PrefixIndex::PrefixInfo> PrefixIndex::ListPrefixes(
     out.push_back(info);
   }
   return out;
+}
+
+void PrefixIndex::ForEachNode(
+    const std::function<void(const NodeView&)>& visit) const {
+  // Pre-order from each first page: a parent is always visited before its
+  // children, which is what a replay needs.
+  std::vector<uint32_t> stack;
+  for (uint32_t root = 0; root < next_unused_; ++root) {
+    if (!IsLive(root) || N(root).parent != kNoNode) continue;
+    stack.push_back(root);
+    while (!stack.empty()) {
+      const uint32_t id = stack.back();
+      stack.pop_back();
+      const Node& n = N(id);
+      const Chunk& chunk = chunks_[id >> kChunkBits];
+      const size_t slot = (id & kChunkMask) * ranks_;
+      NodeView view;
+      view.id = id;
+      view.parent = n.parent;
+      view.depth = n.depth;
+      view.key = &n.key;
+      view.page_rows =
+          absl::MakeConstSpan(chunk.page_rows.get() + slot, ranks_);
+      if (hybrid_) {
+        view.snapshot_rows =
+            absl::MakeConstSpan(chunk.snapshot_rows.get() + slot, ranks_);
+      }
+      view.last_use_tick = n.tick;
+      visit(view);
+      for (uint32_t c = n.first_child; c != kNoNode; c = N(c).next_sibling) {
+        stack.push_back(c);
+      }
+    }
+  }
 }
 
 absl::Status PrefixIndex::CheckInvariants() const {

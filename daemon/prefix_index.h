@@ -105,6 +105,22 @@ class PrefixIndex {
   absl::Status FreePageRows(uint32_t rank, absl::Span<const uint32_t> rows);
   absl::Status FreeSnapshotRows(uint32_t rank, absl::Span<const uint32_t> rows);
 
+  // Moves the listed free rows of `rank` to allocated-uncommitted, as if
+  // allocated: recovery (daemon/journal.h) rebuilds an index whose rows are
+  // fixed by the segments' contents, so it chooses them instead of taking
+  // what AllocatePageRows hands out, then commits them with Commit. Nothing
+  // is evicted. Validates everything first (INVALID_ARGUMENT naming the row:
+  // bad rank, out of range, not free, listed twice); on error nothing
+  // changes. O(rows.size() + free rows of the rank): claim in bulk.
+  absl::Status ClaimPageRows(uint32_t rank, absl::Span<const uint32_t> rows);
+  // As ClaimPageRows, for the snapshot bank (FAILED_PRECONDITION when the
+  // namespace is not hybrid and rows is not empty).
+  absl::Status ClaimSnapshotRows(uint32_t rank,
+                                 absl::Span<const uint32_t> rows);
+  // Sizes the hash set for `nodes` nodes in all, so that adding that many
+  // (recovery knows how many it will) does not rehash on the way.
+  void ReserveNodes(size_t nodes);
+
   // -------------------------------------------------------------- lookup --
 
   struct LookupResult {
@@ -121,6 +137,9 @@ class PrefixIndex {
     // Node of page usable_pages-1 (kNoNode when usable_pages == 0): Pin it to
     // keep the rows (and that snapshot) from eviction while they are read.
     uint32_t pin_node = kNoNode;
+    // Node whose recency the lookup refreshes (pin_node, else the deepest
+    // matched node; kNoNode when nothing matched).
+    uint32_t touch_node = kNoNode;
   };
 
   // Finds the usable match of the chain `hashes` (h_0..h_{n-1}) for `rank`
@@ -131,6 +150,16 @@ class PrefixIndex {
   // the tree falls back to a linear scan, so it never yields wrong rows.
   // A rank >= tp_size yields an empty result.
   LookupResult Lookup(absl::Span<const HashKey> hashes, uint32_t rank);
+
+  // Lookup split for concurrency: Find changes nothing (callers may run it
+  // under a shared lock, many at once); Touch then records the use of
+  // result.touch_node under the exclusive lock. Touch of a node that is no
+  // longer live does nothing. NodeHasKey tells whether `node` is still the
+  // live node of `key` (a concurrent eviction may have reused the id between
+  // Find and taking the exclusive lock).
+  LookupResult Find(absl::Span<const HashKey> hashes, uint32_t rank) const;
+  void Touch(uint32_t node);
+  bool NodeHasKey(uint32_t node, const HashKey& key) const;
 
   // -------------------------------------------------------------- commit --
 
@@ -229,6 +258,25 @@ class PrefixIndex {
   // order, O(limit) plus the distinct path nodes walked otherwise.
   std::vector<PrefixInfo> ListPrefixes(bool by_recent, size_t limit,
                                        uint64_t* total) const;
+
+  // One node as ForEachNode shows it. The spans index stored ranks (1 when
+  // replicated, else tp_size) and hold kNoRow where the rank has no row;
+  // snapshot_rows is empty when the namespace is not hybrid. Valid only
+  // during the callback.
+  struct NodeView {
+    uint32_t id = kNoNode;
+    uint32_t parent = kNoNode;  // kNoNode for a first page.
+    uint32_t depth = 0;
+    const HashKey* key = nullptr;  // Bytes beyond hash_bytes are zero.
+    absl::Span<const uint32_t> page_rows;
+    absl::Span<const uint32_t> snapshot_rows;
+    uint64_t last_use_tick = 0;
+  };
+  // Calls `visit` once per node, every parent before its children (a
+  // depth-first walk from the first pages). The journal's checkpoint
+  // (daemon/journal.h) writes the index through it. `visit` must not call
+  // into this index. O(nodes).
+  void ForEachNode(const std::function<void(const NodeView&)>& visit) const;
 
   // Checks every invariant: each row of each rank in exactly one of {free,
   // allocated-uncommitted, committed}, committed rows referenced by exactly
@@ -378,6 +426,10 @@ class PrefixIndex {
   static absl::Status FreeRows(RowPool& pool, uint32_t rank,
                                absl::Span<const uint32_t> rows,
                                const char* bank);
+  // ClaimPageRows / ClaimSnapshotRows.
+  static absl::Status ClaimRows(RowPool& pool, uint32_t rank,
+                                absl::Span<const uint32_t> rows,
+                                const char* bank);
   // Row state moves: allocated -> committed, allocated -> free,
   // committed -> free.
   static void CommitRow(RowPool& pool, uint32_t rank, uint32_t row);

@@ -711,6 +711,116 @@ TEST(PrefixIndexTest, FreeRowsValidatesAllOrNothing) {
   EXPECT_TRUE(index->CheckInvariants().ok());
 }
 
+TEST(PrefixIndexTest, ClaimRowsValidatesAllOrNothing) {
+  auto index = Make(Config(8, 4));
+  auto taken = index->AllocatePageRows(0, 1);  // Row 0.
+  ASSERT_TRUE(taken.ok());
+  ASSERT_EQ(*taken, (std::vector<uint32_t>{0}));
+  const std::string before = Describe(index->GetUsage());
+  absl::Status range = index->ClaimPageRows(0, {5, 8});
+  EXPECT_EQ(range.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(range.message().find("rows[1]"), std::string::npos) << range;
+  absl::Status busy = index->ClaimPageRows(0, {3, 0});
+  EXPECT_EQ(busy.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(busy.message().find("not free"), std::string::npos) << busy;
+  absl::Status dup = index->ClaimPageRows(0, {6, 2, 6});
+  EXPECT_EQ(dup.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(dup.message().find("rows[2]"), std::string::npos) << dup;
+  EXPECT_EQ(index->ClaimPageRows(1, {3}).code(),
+            absl::StatusCode::kInvalidArgument);  // No rank 1.
+  EXPECT_EQ(index->ClaimSnapshotRows(0, {4}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Describe(index->GetUsage()), before);
+  ASSERT_TRUE(index->CheckInvariants().ok()) << index->CheckInvariants();
+
+  // Claimed rows commit like allocated ones, and allocation skips them.
+  ASSERT_TRUE(index->ClaimPageRows(0, {6, 2}).ok());
+  ASSERT_TRUE(index->ClaimSnapshotRows(0, {3}).ok());
+  EXPECT_TRUE(index->CheckInvariants().ok()) << index->CheckInvariants();
+  const auto a = Chain(1, 2);
+  ASSERT_TRUE(index->Commit(0, nullptr, a, {6, 2}, {{3, a[1]}}).ok());
+  LookupResult r = index->Lookup(a, 0);
+  EXPECT_EQ(r.rows, (std::vector<uint32_t>{6, 2}));
+  EXPECT_EQ(r.snapshot_row, 3u);
+  auto rest = index->AllocatePageRows(0, 5);
+  ASSERT_TRUE(rest.ok());
+  EXPECT_EQ(*rest, (std::vector<uint32_t>{1, 3, 4, 5, 7}));
+  EXPECT_EQ(index->GetUsage().evicted_pages, 0u);
+  EXPECT_TRUE(index->CheckInvariants().ok()) << index->CheckInvariants();
+
+  auto plain = Make(Config(8));
+  EXPECT_EQ(plain->ClaimSnapshotRows(0, {0}).code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(plain->ClaimSnapshotRows(0, {}).ok());
+}
+
+TEST(PrefixIndexTest, ForEachNodeVisitsParentsFirstAndRebuildsTheIndex) {
+  auto index = Make(Config(64, 8, 2));
+  const auto a = Chain(1, 5);
+  const auto b = Chain(2, 3);  // Branches off a[1].
+  Put(*index, 0, nullptr, a, {2});
+  Put(*index, 1, nullptr, std::vector<HashKey>(a.begin(), a.begin() + 3));
+  Put(*index, 0, &a[1], b, {0});
+  Put(*index, 0, nullptr, Chain(3, 2));
+
+  struct Seen {
+    HashKey key;
+    uint32_t parent;
+    std::vector<uint32_t> page_rows, snapshot_rows;
+  };
+  absl::flat_hash_map<uint32_t, size_t> position;
+  std::vector<Seen> seen;
+  index->ForEachNode([&](const PrefixIndex::NodeView& v) {
+    if (v.parent != kNoNode) {
+      EXPECT_TRUE(position.contains(v.parent)) << "child before parent";
+    }
+    position[v.id] = seen.size();
+    seen.push_back({*v.key, v.parent,
+                    std::vector<uint32_t>(v.page_rows.begin(),
+                                          v.page_rows.end()),
+                    std::vector<uint32_t>(v.snapshot_rows.begin(),
+                                          v.snapshot_rows.end())});
+  });
+  ASSERT_EQ(seen.size(), 10u);
+
+  // What a journal checkpoint does: claim every row, commit node by node.
+  auto copy = Make(Config(64, 8, 2));
+  for (uint32_t rank = 0; rank < 2; ++rank) {
+    std::vector<uint32_t> pages, snaps;
+    for (const Seen& s : seen) {
+      if (s.page_rows[rank] != kNoRow) pages.push_back(s.page_rows[rank]);
+      if (s.snapshot_rows[rank] != kNoRow) snaps.push_back(s.snapshot_rows[rank]);
+    }
+    ASSERT_TRUE(copy->ClaimPageRows(rank, pages).ok());
+    ASSERT_TRUE(copy->ClaimSnapshotRows(rank, snaps).ok());
+    for (const Seen& s : seen) {
+      if (s.page_rows[rank] == kNoRow) continue;
+      const HashKey* parent =
+          s.parent == kNoNode ? nullptr : &seen[position[s.parent]].key;
+      std::vector<PrefixIndex::SnapshotPlacement> placements;
+      if (s.snapshot_rows[rank] != kNoRow) {
+        placements.push_back({s.snapshot_rows[rank], s.key});
+      }
+      ASSERT_TRUE(
+          copy->Commit(rank, parent, {s.key}, {s.page_rows[rank]}, placements)
+              .ok());
+    }
+  }
+  ASSERT_TRUE(copy->CheckInvariants().ok()) << copy->CheckInvariants();
+  for (const auto& chain :
+       {a, Concat({a[0], a[1]}, b), Chain(3, 2)}) {
+    for (uint32_t rank = 0; rank < 2; ++rank) {
+      LookupResult x = index->Lookup(chain, rank);
+      LookupResult y = copy->Lookup(chain, rank);
+      EXPECT_EQ(x.matched_pages, y.matched_pages);
+      EXPECT_EQ(x.usable_pages, y.usable_pages);
+      EXPECT_EQ(x.rows, y.rows);
+      EXPECT_EQ(x.snapshot_row, y.snapshot_row);
+    }
+  }
+  EXPECT_EQ(Describe(index->GetUsage()), Describe(copy->GetUsage()));
+}
+
 TEST(PrefixIndexTest, TensorParallelMatchesWhereBothRanksCommitted) {
   auto index = Make(Config(16, 0, 2));
   const auto a = Chain(1, 6);

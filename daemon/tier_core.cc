@@ -1,8 +1,15 @@
 // TierCore: the daemon's transport-free core.
 #include "daemon/tier_core.h"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <utility>
 
 #include "absl/random/random.h"
@@ -33,6 +40,11 @@ struct TierCore::Namespace {
   uint64_t page_rows = 0;
   uint64_t snapshot_rows = 0;
   uint32_t max_replay_tokens = 0;
+  // Bank bytes (all banks and ranks) and the uid charged for them under
+  // --uid_budget_bytes (charged false: nobody).
+  uint64_t bank_bytes = 0;
+  bool charged = false;
+  uid_t creator_uid = static_cast<uid_t>(-1);
   // Per stored rank: one segment per page bank (layout order), then the
   // snapshot segment when hybrid. segment_info mirrors it for Attach.
   std::vector<std::vector<std::unique_ptr<shm::Segment>>> segments;
@@ -40,6 +52,9 @@ struct TierCore::Namespace {
 
   absl::Mutex mu;
   std::unique_ptr<PrefixIndex> index ABSL_GUARDED_BY(mu);
+  // Null without --state_dir. Every change of the index is appended before
+  // the request that made it is answered.
+  std::unique_ptr<NamespaceJournal> journal ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<uint64_t, Reservation> reservations ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<uint64_t, Lease> leases ABSL_GUARDED_BY(mu);
   // Attached sessions -> their (storage) rank.
@@ -47,13 +62,38 @@ struct TierCore::Namespace {
   uint64_t reserved_page_rows ABSL_GUARDED_BY(mu) = 0;
   uint64_t reserved_snapshot_rows ABSL_GUARDED_BY(mu) = 0;
   uint64_t lookups ABSL_GUARDED_BY(mu) = 0;
+  // Bumped by every operation that may evict or remove nodes (Reserve,
+  // Drop), so a lookup can tell whether its shared-lock search is stale.
+  uint64_t evict_epoch ABSL_GUARDED_BY(mu) = 0;
   uint64_t hit_pages ABSL_GUARDED_BY(mu) = 0;
   uint64_t miss_pages ABSL_GUARDED_BY(mu) = 0;
   uint64_t committed_pages ABSL_GUARDED_BY(mu) = 0;
+  uint64_t committed_snapshots ABSL_GUARDED_BY(mu) = 0;
+  uint64_t snapshot_hits ABSL_GUARDED_BY(mu) = 0;
+  uint64_t dropped_pages ABSL_GUARDED_BY(mu) = 0;
+  uint64_t dropped_snapshots ABSL_GUARDED_BY(mu) = 0;
 
   bool hybrid() const { return layout.snapshot_row_bytes() > 0; }
   uint32_t StorageRank(uint32_t tp_rank) const {
     return layout.replicated() ? 0 : tp_rank;
+  }
+  // What the journal records about the namespace: shape and segments, each
+  // with the creation stamp of its header as its content nonce.
+  JournalHeader MakeJournalHeader() const {
+    JournalHeader h;
+    h.name = name;
+    h.layout = layout;
+    h.page_rows = page_rows;
+    h.snapshot_rows = snapshot_rows;
+    h.max_replay_tokens = max_replay_tokens;
+    for (uint32_t r = 0; r < segments.size(); ++r) {
+      for (size_t i = 0; i < segments[r].size(); ++i) {
+        h.segments.push_back({segment_info[r][i].bank(), r,
+                              segments[r][i]->path(),
+                              segments[r][i]->header().created_unix_ns});
+      }
+    }
+    return h;
   }
 };
 
@@ -110,7 +150,9 @@ absl::Status ParseOneHash(const std::string& bytes, uint32_t hash_bytes,
 TierCore::TierCore(TierOptions options)
     : options_(std::move(options)), started_(absl::Now()) {}
 
-TierCore::~TierCore() = default;
+TierCore::~TierCore() {
+  if (state_lock_fd_ >= 0) ::close(state_lock_fd_);
+}
 
 absl::StatusOr<uint64_t> TierCore::OpenSession(const v1::Hello& hello,
                                                const PeerInfo& peer) {
@@ -176,7 +218,8 @@ void TierCore::CloseSession(uint64_t session_id) {
 absl::StatusOr<std::shared_ptr<TierCore::Namespace>>
 TierCore::CreateOrOpenLocked(const std::string& name, const v1::Layout& raw,
                              const v1::Capacity& capacity,
-                             const std::string& tenant_salt, bool* created) {
+                             const std::string& tenant_salt, bool* created,
+                             const PeerInfo* creator) {
   *created = false;
   if (absl::Status s = ValidateNamespaceName(name); !s.ok()) return s;
   if (absl::Status s = ValidateLayout(raw); !s.ok()) return s;
@@ -241,6 +284,26 @@ TierCore::CreateOrOpenLocked(const std::string& name, const v1::Layout& raw,
         "per-namespace budget of ", options_.namespace_budget_bytes,
         " bytes (--namespace_budget_bytes)"));
   }
+  const bool charge = creator != nullptr && creator->verified &&
+                      options_.uid_budget_bytes > 0;
+  if (charge) {
+    auto used = uid_bytes_.find(creator->uid);
+    const uint64_t before = used == uid_bytes_.end() ? 0 : used->second;
+    if (before + total > options_.uid_budget_bytes) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "capacity: namespace '", name, "' would take ",
+          static_cast<uint64_t>(total), " bytes of banks; uid ", creator->uid,
+          "'s namespaces hold ", before, " of its ",
+          options_.uid_budget_bytes, " bytes (--uid_budget_bytes)"));
+    }
+  }
+  // A namespace under an ACL naming a group keeps its segments in that
+  // group, so only the ACL's members can map them.
+  shm::SegmentOptions segment_options = options_.segments;
+  if (const NamespaceAclEntry* acl = options_.namespace_acl.Find(name);
+      acl != nullptr && acl->segment_group().has_value()) {
+    segment_options.group = *acl->segment_group();
+  }
 
   auto ns = std::make_shared<Namespace>();
   ns->id = next_id_.fetch_add(1);
@@ -279,7 +342,7 @@ TierCore::CreateOrOpenLocked(const std::string& name, const v1::Layout& raw,
     spec.rows = rows;
     spec.row_bytes = row_bytes;
     spec.layout_fingerprint = ns->fingerprint;
-    auto seg = shm::Segment::Create(spec, options_.segments);
+    auto seg = shm::Segment::Create(spec, segment_options);
     if (!seg.ok()) {
       return absl::Status(seg.status().code(),
                           absl::StrCat("bank '", bank, "' rank ", rank, ": ",
@@ -321,6 +384,22 @@ TierCore::CreateOrOpenLocked(const std::string& name, const v1::Layout& raw,
   {
     absl::MutexLock lock(&ns->mu);
     ns->index = *std::move(index);
+    if (!options_.state_dir.empty() && !recovering_) {
+      auto journal = NamespaceJournal::Create(
+          JournalPath(options_.state_dir, name), ns->MakeJournalHeader(),
+          *ns->index, options_.journal);
+      if (!journal.ok()) {
+        return absl::UnavailableError(absl::StrCat(
+            "namespace '", name, "': ", journal.status().message()));
+      }
+      ns->journal = *std::move(journal);
+    }
+  }
+  ns->bank_bytes = static_cast<uint64_t>(total);
+  if (charge) {
+    ns->charged = true;
+    ns->creator_uid = creator->uid;
+    uid_bytes_[creator->uid] += ns->bank_bytes;
   }
   by_name_[name] = ns;
   by_id_[ns->id] = ns;
@@ -350,9 +429,25 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
     return absl::InvalidArgumentError(absl::StrCat(
         "tp_rank: ", req.tp_rank(), " is not below layout.tp_size ", tp_size));
   }
+  // Isolation (peer_credentials.h): the session's kernel-verified
+  // credentials decide, before anything is created.
+  const PeerInfo& peer = session->second.peer;
+  const NamespaceAclEntry* acl = options_.namespace_acl.Find(req.namespace_());
+  if ((options_.require_peer_credentials || acl != nullptr) && !peer.verified) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session_id: session ", req.session_id(),
+        " has no verified peer credentials; the client binds them by "
+        "connecting the fast lookup socket after the session opens"));
+  }
+  if (acl != nullptr && !acl->Allows(peer)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "namespace: uid ", peer.uid, " (gid ", peer.gid,
+        ") may not attach to namespace '", req.namespace_(),
+        "' (--namespace_acl entry '", acl->pattern, "')"));
+  }
   bool created = false;
   auto ns = CreateOrOpenLocked(req.namespace_(), req.layout(), req.capacity(),
-                               req.tenant_salt(), &created);
+                               req.tenant_salt(), &created, &peer);
   if (!ns.ok()) return ns.status();
   Namespace& n = **ns;
   if (auto it = session->second.attached.find(n.id);
@@ -435,17 +530,41 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
   auto ns_or = Resolve(0, session_id, namespace_id, &rank);
   if (!ns_or.ok()) return ns_or.status();
   Namespace& ns = **ns_or;
-  std::vector<HashKey> keys;
-  if (absl::Status s = ParseHashes(hashes, ns.hash_bytes, kMaxLookupPages,
-                                   "hashes", &keys);
-      !s.ok()) {
-    return s;
+  // 32-byte hashes are HashKeys already: look them up in place (no 48 KiB
+  // copy per 1,536-page lookup); shorter ones are padded into a copy.
+  std::vector<HashKey> padded;
+  absl::Span<const HashKey> keys;
+  static_assert(sizeof(HashKey) == 32 && alignof(HashKey) == 1);
+  if (ns.hash_bytes == sizeof(HashKey) && hashes.size() % sizeof(HashKey) == 0 &&
+      hashes.size() / sizeof(HashKey) <= kMaxLookupPages) {
+    keys = absl::MakeConstSpan(reinterpret_cast<const HashKey*>(hashes.data()),
+                               hashes.size() / sizeof(HashKey));
+  } else {
+    if (absl::Status s = ParseHashes(hashes, ns.hash_bytes, kMaxLookupPages,
+                                     "hashes", &padded);
+        !s.ok()) {
+      return s;
+    }
+    keys = padded;
+  }
+  // The search runs under the shared lock, so concurrent lookups do not
+  // queue behind each other; only the recency update, the counters and the
+  // pin take the exclusive lock. A Reserve (the only evictor besides Drop)
+  // between the two bumps evict_epoch, and then the search is redone.
+  PrefixIndex::LookupResult r;
+  uint64_t epoch = 0;
+  {
+    absl::ReaderMutexLock shared(&ns.mu);
+    r = ns.index->Find(keys, rank);
+    epoch = ns.evict_epoch;
   }
   absl::MutexLock lock(&ns.mu);
-  PrefixIndex::LookupResult r = ns.index->Lookup(keys, rank);
+  if (ns.evict_epoch != epoch) r = ns.index->Find(keys, rank);
+  ns.index->Touch(r.touch_node);
   ++ns.lookups;
   ns.hit_pages += r.usable_pages;
   ns.miss_pages += keys.size() - r.usable_pages;
+  if (r.has_snapshot) ++ns.snapshot_hits;
   out->matched_pages = r.matched_pages;
   out->usable_pages = r.usable_pages;
   out->rows = std::move(r.rows);
@@ -482,6 +601,7 @@ absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
         ns.snapshot_rows, " rows"));
   }
   absl::MutexLock lock(&ns.mu);
+  ++ns.evict_epoch;  // Allocation may evict.
   std::vector<uint32_t> pages, snaps;
   if (req.pages() > 0) {
     auto p = ns.index->AllocatePageRows(rank, req.pages());
@@ -495,6 +615,17 @@ absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
       return s.status();
     }
     snaps = *std::move(s);
+  }
+  // The rows reach the engine only once the journal knows they may be
+  // overwritten: replay then forgets whatever they held.
+  if (ns.journal != nullptr) {
+    if (absl::Status s = JournalLocked(
+            ns, ns.journal->AppendReserve(rank, pages, snaps));
+        !s.ok()) {
+      (void)ns.index->FreePageRows(rank, pages);
+      (void)ns.index->FreeSnapshotRows(rank, snaps);
+      return s;
+    }
   }
   const uint64_t id = next_id_.fetch_add(1);
   resp->set_reservation_id(id);
@@ -575,6 +706,17 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
   auto result = ns.index->Commit(rank, has_parent ? &parent : nullptr, keys,
                                  r.page_rows, placements);
   if (!result.ok()) return result.status();
+  // Acknowledged only once journaled. When even a checkpoint fails, the
+  // pages stay visible (the engine wrote them) but the engine hears
+  // UNAVAILABLE: a restart may lose them.
+  absl::Status journaled;
+  if (ns.journal != nullptr) {
+    journaled = JournalLocked(
+        ns, ns.journal->AppendCommit(rank, has_parent ? &parent : nullptr, keys,
+                                     r.page_rows, placements,
+                                     result->freed_page_rows,
+                                     result->freed_snapshot_rows));
+  }
   std::vector<uint32_t> unplaced;
   for (size_t i = 0; i < placed.size(); ++i) {
     if (!placed[i]) unplaced.push_back(r.snapshot_rows[i]);
@@ -588,7 +730,9 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
   ns.reserved_page_rows -= r.page_rows.size();
   ns.reserved_snapshot_rows -= r.snapshot_rows.size();
   ns.committed_pages += result->committed_pages;
+  ns.committed_snapshots += result->committed_snapshots;
   ns.reservations.erase(it);
+  if (!journaled.ok()) return journaled;
   resp->set_committed_pages(result->committed_pages);
   resp->set_deduplicated_pages(result->deduplicated_pages);
   resp->set_committed_snapshots(result->committed_snapshots);
@@ -663,10 +807,20 @@ absl::Status TierCore::Drop(const v1::DropRequest& req,
         return s;
       }
       absl::MutexLock ns_lock(&ns->mu);
+      ++ns->evict_epoch;
       auto dropped = ns->index->DropSubtree(key);
       if (!dropped.ok()) return dropped.status();
+      if (ns->journal != nullptr) {
+        if (absl::Status s =
+                JournalLocked(*ns, ns->journal->AppendDrop(key));
+            !s.ok()) {
+          return s;
+        }
+      }
       resp->set_dropped_pages(dropped->pages);
       resp->set_dropped_snapshots(dropped->snapshots);
+      ns->dropped_pages += dropped->pages;
+      ns->dropped_snapshots += dropped->snapshots;
       return absl::OkStatus();
     }
     {
@@ -683,7 +837,16 @@ absl::Status TierCore::Drop(const v1::DropRequest& req,
       ns->reservations.clear();
       ns->reserved_page_rows = 0;
       ns->reserved_snapshot_rows = 0;
+      ++ns->evict_epoch;
       ns->index->Clear();
+      // The journal goes first: a daemon killed between the two finds
+      // neither, or a journal whose segments are gone (reopened empty).
+      if (ns->journal != nullptr) {
+        if (absl::Status s = ns->journal->Remove(); !s.ok()) {
+          SPDLOG_WARN("dropping '{}': {}", ns->name, s.ToString());
+        }
+        ns->journal.reset();
+      }
       for (const auto& [sid, rank] : ns->sessions) {
         auto s = sessions_.find(sid);
         if (s != sessions_.end()) s->second.attached.erase(ns->id);
@@ -692,6 +855,13 @@ absl::Status TierCore::Drop(const v1::DropRequest& req,
     }
     by_name_.erase(ns->name);
     by_id_.erase(ns->id);
+    if (ns->charged) {
+      auto used = uid_bytes_.find(ns->creator_uid);
+      if (used != uid_bytes_.end()) {
+        used->second -= std::min(used->second, ns->bank_bytes);
+        if (used->second == 0) uid_bytes_.erase(used);
+      }
+    }
   }
   for (const auto& rank : ns->segment_info) {
     for (const auto& seg : rank) {
@@ -887,6 +1057,31 @@ absl::Status TierCore::Verify(const v1::VerifyRequest& req,
   return absl::OkStatus();
 }
 
+absl::Status TierCore::BindPeerCredentials(uint64_t session_id,
+                                           const PeerInfo& peer) {
+  if (!peer.verified) {
+    return absl::InvalidArgumentError(
+        "peer: credentials to bind must come from the kernel (SO_PEERCRED)");
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session_id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("session_id: no open session ", session_id));
+  }
+  PeerInfo& bound = it->second.peer;
+  if (bound.verified) {
+    if (bound.uid == peer.uid && bound.gid == peer.gid) return absl::OkStatus();
+    return absl::PermissionDeniedError(absl::StrCat(
+        "session_id: session ", session_id, " is bound to uid ", bound.uid,
+        " already; uid ", peer.uid, " cannot take it over"));
+  }
+  bound = peer;
+  SPDLOG_INFO("session {:016x}: peer pid {} uid {} gid {}", session_id,
+              peer.pid, peer.uid, peer.gid);
+  return absl::OkStatus();
+}
+
 bool TierCore::SessionOpen(uint64_t session_id) {
   absl::ReaderMutexLock lock(&mu_);
   return sessions_.contains(session_id);
@@ -895,6 +1090,180 @@ bool TierCore::SessionOpen(uint64_t session_id) {
 size_t TierCore::session_count() {
   absl::ReaderMutexLock lock(&mu_);
   return sessions_.size();
+}
+
+std::vector<TierCore::NamespaceCounters> TierCore::Counters() {
+  std::vector<std::shared_ptr<Namespace>> all;
+  {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const auto& [name, ns] : by_name_) all.push_back(ns);
+  }
+  std::sort(all.begin(), all.end(),
+            [](const auto& a, const auto& b) { return a->name < b->name; });
+  std::vector<NamespaceCounters> out;
+  out.reserve(all.size());
+  for (auto& ns : all) {
+    absl::MutexLock lock(&ns->mu);
+    NamespaceCounters& c = out.emplace_back();
+    c.name = ns->name;
+    c.committed_snapshots = ns->committed_snapshots;
+    c.snapshot_hits = ns->snapshot_hits;
+    c.dropped_pages = ns->dropped_pages;
+    c.dropped_snapshots = ns->dropped_snapshots;
+    c.spacing_violations = ns->index->GetUsage().spacing_violations;
+  }
+  return out;
+}
+
+absl::Status TierCore::JournalLocked(Namespace& ns, absl::Status appended) {
+  if (ns.journal == nullptr) return absl::OkStatus();
+  if (appended.ok() && !ns.journal->NeedsCheckpoint()) return appended;
+  if (!appended.ok()) {
+    SPDLOG_WARN("namespace '{}': {}; writing a checkpoint instead", ns.name,
+                appended.ToString());
+  }
+  const absl::Time start = absl::Now();
+  const uint64_t before = ns.journal->bytes();
+  if (absl::Status s = ns.journal->Checkpoint(*ns.index); !s.ok()) {
+    SPDLOG_ERROR("namespace '{}': checkpoint failed: {}", ns.name,
+                 s.ToString());
+    if (appended.ok()) return absl::OkStatus();  // Compaction can wait.
+    return absl::UnavailableError(absl::StrCat(
+        "namespace '", ns.name, "': the journal cannot record this change (",
+        appended.message(), "; checkpoint: ", s.message(), ")"));
+  }
+  SPDLOG_INFO("namespace '{}': journal checkpoint {} -> {} bytes in {}",
+              ns.name, before, ns.journal->bytes(),
+              absl::FormatDuration(absl::Now() - start));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TierCore::RecoveryReport> TierCore::Recover() {
+  RecoveryReport report;
+  if (options_.state_dir.empty()) return report;
+  const absl::Time start = absl::Now();
+  const std::string& dir = options_.state_dir;
+  std::error_code ec;
+  // Journals name every cached prefix's hashes: the daemon's eyes only.
+  if (std::filesystem::create_directories(dir, ec)) {
+    ::chmod(dir.c_str(), 0700);
+  }
+  if (ec) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "state_dir: cannot create ", dir, ": ", ec.message()));
+  }
+  const std::string lock_path = dir + "/lock";
+  const int lock_fd =
+      ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (lock_fd < 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "state_dir: cannot open ", lock_path, ": ", std::strerror(errno)));
+  }
+  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(lock_fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "state_dir: ", dir, " is locked by another kvtierd (", lock_path,
+        "); give each daemon its own --state_dir"));
+  }
+  state_lock_fd_ = lock_fd;
+  auto names = ListJournals(dir);
+  if (!names.ok()) return names.status();
+  for (const std::string& name : *names) {
+    const std::string path = JournalPath(dir, name);
+    auto contents = ReadJournal(path);
+    if (!contents.ok()) {
+      SPDLOG_ERROR("recovery: {}; removing it", contents.status().ToString());
+      ++report.journals_unreadable;
+      std::filesystem::remove(path, ec);
+      continue;
+    }
+    report.journal_bytes += contents->file_bytes;
+    if (!contents->stopped.empty()) {
+      ++report.journals_torn;
+      SPDLOG_WARN("recovery: namespace '{}': replay stopped after {} records: "
+                  "{} ({} of {} bytes used)",
+                  name, contents->records, contents->stopped,
+                  contents->valid_bytes, contents->file_bytes);
+    }
+    if (contents->inconsistent != 0) {
+      SPDLOG_WARN("recovery: namespace '{}': {} commit records disagreed with "
+                  "the replayed state and were applied in part",
+                  name, contents->inconsistent);
+    }
+    const JournalHeader& h = contents->header;
+    v1::Capacity capacity;
+    capacity.set_page_rows(h.page_rows);
+    capacity.set_snapshot_rows(h.snapshot_rows);
+    capacity.set_max_replay_tokens(h.max_replay_tokens);
+    absl::StatusOr<std::shared_ptr<Namespace>> ns_or;
+    {
+      absl::MutexLock lock(&mu_);
+      bool created = false;
+      recovering_ = true;
+      ns_or = CreateOrOpenLocked(h.name, h.layout, capacity, "", &created);
+      recovering_ = false;
+    }
+    if (!ns_or.ok()) {
+      SPDLOG_ERROR("recovery: namespace '{}' cannot be reopened ({}); "
+                   "forgetting it",
+                   name, ns_or.status().ToString());
+      std::filesystem::remove(path, ec);
+      continue;
+    }
+    Namespace& ns = **ns_or;
+    // Vouch for the bytes only when every segment is the one the journal
+    // describes: same path, same creation stamp, and not just recreated.
+    std::string doubt;
+    for (uint32_t r = 0; r < ns.segments.size() && doubt.empty(); ++r) {
+      for (size_t i = 0; i < ns.segments[r].size() && doubt.empty(); ++i) {
+        const shm::Segment& seg = *ns.segments[r][i];
+        const std::string& bank = ns.segment_info[r][i].bank();
+        auto known = std::find_if(
+            h.segments.begin(), h.segments.end(), [&](const JournalSegment& j) {
+              return j.rank == r && j.bank == bank;
+            });
+        if (known == h.segments.end()) {
+          doubt = absl::StrCat("bank '", bank, "' rank ", r,
+                               " is not in the journal");
+        } else if (seg.created()) {
+          doubt = absl::StrCat(seg.path(), " was missing and is recreated");
+        } else if (known->path != seg.path() ||
+                   known->created_unix_ns != seg.header().created_unix_ns) {
+          doubt = absl::StrCat(seg.path(), " is not the segment the journal ",
+                               "describes (recreated since)");
+        }
+      }
+    }
+    absl::MutexLock lock(&ns.mu);
+    if (doubt.empty()) {
+      auto restored = RestoreIndex(*contents, ns.index.get());
+      if (restored.ok()) {
+        report.pages += *restored;
+      } else {
+        doubt = std::string(restored.status().message());
+        ns.index->Clear();
+      }
+    }
+    if (!doubt.empty()) {
+      ++report.namespaces_emptied;
+      SPDLOG_WARN("recovery: namespace '{}' reopened empty: {}; its {} "
+                  "journaled pages are not served",
+                  name, doubt, contents->keys.size());
+    }
+    auto journal = NamespaceJournal::Create(path, ns.MakeJournalHeader(),
+                                            *ns.index, options_.journal);
+    if (!journal.ok()) {
+      return absl::Status(journal.status().code(),
+                          absl::StrCat("recovery: namespace '", name,
+                                       "': ", journal.status().message()));
+    }
+    ns.journal = *std::move(journal);
+    ++report.namespaces;
+    SPDLOG_INFO("recovery: namespace '{}': {} pages from {} records",
+                name, ns.index->GetUsage().nodes, contents->records);
+  }
+  report.elapsed = absl::Now() - start;
+  return report;
 }
 
 }  // namespace kvtier::daemon

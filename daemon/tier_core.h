@@ -10,8 +10,14 @@
 // count, length or hash size returns INVALID_ARGUMENT / NOT_FOUND /
 // FAILED_PRECONDITION naming the field, and the state is unchanged.
 //
+// With a state_dir, each namespace's index changes (reservations handed out,
+// commits, dropped subtrees) are appended to its journal (daemon/journal.h)
+// inside the namespace's critical section, before the request is answered;
+// Recover rebuilds everything from the journals when the daemon starts.
+//
 // Thread-safety: thread-safe. Lock order: TierCore::mu_, then one
-// Namespace::mu (never two namespaces at once).
+// Namespace::mu (never two namespaces at once); a namespace's journal is
+// used under its Namespace::mu.
 #ifndef KVTIER_DAEMON_TIER_CORE_H_
 #define KVTIER_DAEMON_TIER_CORE_H_
 
@@ -29,7 +35,9 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/journal.h"
 #include "daemon/namespace_layout.h"
+#include "daemon/peer_credentials.h"
 #include "daemon/prefix_index.h"
 #include "kvtier/v1/tier.pb.h"
 #include "shm/segment.h"
@@ -53,14 +61,22 @@ struct TierOptions {
   uint32_t default_max_replay_tokens = 8192;
   // Most namespaces at once.
   uint32_t max_namespaces = 256;
+  // Isolation (see daemon/peer_credentials.h). Attach refuses sessions whose
+  // peer credentials are not bound (BindPeerCredentials) when set.
+  bool require_peer_credentials = false;
+  // Who may attach to which namespaces; a namespace it governs also gets
+  // the entry's first group on its segments.
+  NamespaceAcl namespace_acl;
+  // Most bank bytes the namespaces created by one uid may hold together
+  // (0: no limit). Charged at creation, refunded by Drop.
+  uint64_t uid_budget_bytes = 0;
+  // Folder of the namespace journals (daemon/journal.h), which Recover reads
+  // at start. Empty: no journal; a restarted daemon then reopens segments
+  // with an empty index.
+  std::string state_dir;
+  JournalOptions journal;
 };
 
-// Who is on the other end of a session (from SO_PEERCRED where available).
-struct PeerInfo {
-  pid_t pid = 0;
-  uid_t uid = static_cast<uid_t>(-1);
-  gid_t gid = static_cast<gid_t>(-1);
-};
 
 class TierCore {
  public:
@@ -102,6 +118,12 @@ class TierCore {
                             LookupOutcome* out);
   // True when `session_id` is an open session.
   bool SessionOpen(uint64_t session_id);
+  // Binds the kernel's record of the session's peer (SO_PEERCRED of a
+  // connection that presented the session id) to the session. Idempotent
+  // for the same uid and gid; PERMISSION_DENIED when the session is bound to
+  // other credentials already (a binding is final); NOT_FOUND for an unknown
+  // session; INVALID_ARGUMENT when `peer` is not verified.
+  absl::Status BindPeerCredentials(uint64_t session_id, const PeerInfo& peer);
   absl::Status Reserve(const v1::ReserveRequest& request,
                        v1::ReserveResponse* response);
   absl::Status Commit(const v1::CommitRequest& request,
@@ -137,6 +159,40 @@ class TierCore {
   // Number of live sessions.
   size_t session_count();
 
+  struct RecoveryReport {
+    uint32_t namespaces = 0;  // Reopened from their journals.
+    // Of them, reopened empty: a segment was missing or recreated since its
+    // journal was written, so their pages cannot be vouched for.
+    uint32_t namespaces_emptied = 0;
+    uint32_t journals_unreadable = 0;  // Removed: no usable header.
+    uint32_t journals_torn = 0;        // Replayed up to a torn record.
+    uint64_t pages = 0;                // Page rows restored (all ranks).
+    uint64_t journal_bytes = 0;        // Read.
+    absl::Duration elapsed;
+  };
+  // Rebuilds the namespaces recorded in options.state_dir: reopens their
+  // segments, checks each segment's content nonce against the journal,
+  // replays the journal into the index, and writes a fresh checkpoint.
+  // Takes an exclusive lock on the folder for the daemon's lifetime
+  // (FAILED_PRECONDITION when another daemon holds it). A namespace that
+  // cannot be reopened is logged and forgotten; one whose segments were
+  // recreated is reopened empty. REQUIRES: called once, before any session
+  // opens. With no state_dir it does nothing.
+  absl::StatusOr<RecoveryReport> Recover();
+
+  // Counters beside Stats that the metrics exporter reads at scrape time.
+  struct NamespaceCounters {
+    std::string name;
+    uint64_t committed_snapshots = 0;  // Snapshot rows made visible.
+    uint64_t snapshot_hits = 0;        // Lookups answered with a snapshot.
+    uint64_t dropped_pages = 0;        // Removed by Drop of a prefix subtree.
+    uint64_t dropped_snapshots = 0;    // Of them, pages holding a snapshot.
+    uint64_t spacing_violations = 0;   // PrefixIndex::Usage's.
+  };
+  // One entry per namespace, sorted by name; each counter only grows while
+  // its namespace lives.
+  std::vector<NamespaceCounters> Counters();
+
  private:
   struct Namespace;
   struct Session {
@@ -148,10 +204,13 @@ class TierCore {
     absl::flat_hash_map<uint64_t, uint32_t> attached;
   };
 
+  // `creator`: the attaching session's peer, charged for a namespace this
+  // creates under --uid_budget_bytes when verified (nullptr: nobody).
   absl::StatusOr<std::shared_ptr<Namespace>> CreateOrOpenLocked(
       const std::string& name, const v1::Layout& layout,
       const v1::Capacity& capacity, const std::string& tenant_salt,
-      bool* created) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      bool* created, const PeerInfo* creator = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Resolves (session, namespace) of a request to the namespace and the
   // session's storage rank there.
   absl::StatusOr<std::shared_ptr<Namespace>> Resolve(uint32_t api_version,
@@ -159,6 +218,11 @@ class TierCore {
                                                      uint64_t namespace_id,
                                                      uint32_t* rank);
   void FillNamespaceInfo(Namespace& ns, v1::NamespaceInfo* info);
+  // Turns the outcome of a journal append into the request's: OK as is
+  // (compacting the journal when due); on failure a checkpoint of the
+  // namespace's current state makes the change durable anyway, else
+  // UNAVAILABLE naming the journal. No journal: OK. REQUIRES: ns.mu held.
+  absl::Status JournalLocked(Namespace& ns, absl::Status appended);
 
   const TierOptions options_;
   const absl::Time started_;
@@ -170,6 +234,12 @@ class TierCore {
       ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Namespace>> by_id_
       ABSL_GUARDED_BY(mu_);
+  // Bank bytes of the namespaces each uid created (--uid_budget_bytes).
+  absl::flat_hash_map<uid_t, uint64_t> uid_bytes_ ABSL_GUARDED_BY(mu_);
+  // While Recover reopens a namespace, CreateOrOpenLocked writes no journal
+  // (the old one is still being read).
+  bool recovering_ ABSL_GUARDED_BY(mu_) = false;
+  int state_lock_fd_ = -1;  // Set by Recover, closed by the destructor.
 };
 
 }  // namespace kvtier::daemon

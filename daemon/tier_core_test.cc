@@ -4,11 +4,13 @@
 #include "daemon/tier_core.h"
 
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -671,6 +673,175 @@ TEST_F(TierCoreBadInputTest, DropAndListPrefixes) {
   v1::StatsResponse sresp;
   EXPECT_EQ(core_->Stats(stats, &sresp).code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// ------------------------------------------------------------ isolation --
+
+// Peer credentials, namespace ACLs and the per-uid budget
+// (daemon/peer_credentials.h). Credentials here are handed to
+// BindPeerCredentials directly, as the fast lookup server does with
+// SO_PEERCRED; the real-socket path is tests/isolation_test.cc.
+class TierCoreIsolationTest : public TierCoreTest {
+ protected:
+  static constexpr uint64_t kNamespaceBytes = 64 * (1024 + 112);
+
+  void SetUp() override {
+    TierCoreTest::SetUp();
+    TierOptions o;
+    o.segments.shm_dir = dir_;
+    o.segments.huge_pages = shm::HugePagePolicy::kOff;
+    o.require_peer_credentials = true;
+    auto acl = NamespaceAcl::Parse("team=uid:1001+gid:3000;lab.*=uid:1003");
+    ASSERT_TRUE(acl.ok()) << acl.status();
+    o.namespace_acl = *acl;
+    o.uid_budget_bytes = 2 * kNamespaceBytes;
+    core_ = std::make_unique<TierCore>(o);
+  }
+
+  // A session whose peer is uid/gid (+ supplementary groups), bound.
+  uint64_t OpenAs(uid_t uid, gid_t gid, std::vector<gid_t> groups = {}) {
+    const uint64_t s = Open(absl::StrCat("uid-", uid));
+    PeerInfo p;
+    p.pid = 1000 + static_cast<pid_t>(uid);
+    p.uid = uid;
+    p.gid = gid;
+    p.groups = std::move(groups);
+    p.verified = true;
+    EXPECT_TRUE(core_->BindPeerCredentials(s, p).ok());
+    return s;
+  }
+
+  absl::Status TryAttach(uint64_t session, const std::string& ns,
+                         const std::string& salt = "",
+                         v1::AttachResponse* out = nullptr) {
+    v1::AttachRequest req;
+    req.set_session_id(session);
+    req.set_namespace_(ns);
+    *req.mutable_layout() = AttentionLayout();
+    req.mutable_capacity()->set_page_rows(64);
+    req.set_tenant_salt(salt);
+    v1::AttachResponse resp;
+    absl::Status s = core_->Attach(req, &resp);
+    if (out != nullptr) *out = resp;
+    return s;
+  }
+};
+
+TEST_F(TierCoreIsolationTest, UnboundSessionCannotAttach) {
+  const uint64_t s = Open();  // The gRPC adapter's view: pid claimed only.
+  const std::string before = State();
+  absl::Status st = TryAttach(s, "open");
+  EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("peer credentials"));
+  EXPECT_EQ(State(), before) << "a refused attach created something";
+  PeerInfo p;
+  p.uid = 1001;
+  p.verified = true;
+  ASSERT_TRUE(core_->BindPeerCredentials(s, p).ok());
+  EXPECT_TRUE(TryAttach(s, "open").ok());
+}
+
+TEST_F(TierCoreIsolationTest, BindingIsFinal) {
+  const uint64_t s = OpenAs(1001, 1001);
+  PeerInfo same;
+  same.uid = 1001;
+  same.gid = 1001;
+  same.pid = 77;  // Another connection of the same user (a reconnect).
+  same.verified = true;
+  EXPECT_TRUE(core_->BindPeerCredentials(s, same).ok());
+  PeerInfo thief = same;
+  thief.uid = 1002;
+  absl::Status st = core_->BindPeerCredentials(s, thief);
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("session_id"));
+  PeerInfo claimed = thief;
+  claimed.verified = false;
+  EXPECT_EQ(core_->BindPeerCredentials(s, claimed).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(core_->BindPeerCredentials(424242, same).code(),
+            absl::StatusCode::kNotFound);
+  // The session still acts as uid 1001: allowed into "team".
+  EXPECT_TRUE(TryAttach(s, "team").ok());
+}
+
+TEST_F(TierCoreIsolationTest, AclAdmitsListedUidsAndGroupMembersOnly) {
+  v1::AttachResponse team;
+  ASSERT_TRUE(TryAttach(OpenAs(1001, 1001), "team", "", &team).ok());
+  const uint64_t stranger = OpenAs(1002, 1002);
+  const std::string before = State();
+  absl::Status st = TryAttach(stranger, "team");
+  EXPECT_EQ(st.code(), absl::StatusCode::kPermissionDenied) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("namespace"));
+  EXPECT_THAT(std::string(st.message()), HasSubstr("uid 1002"));
+  // Nor may it create a governed namespace that does not exist yet.
+  EXPECT_EQ(TryAttach(stranger, "lab.x").code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(State(), before);
+  // Lookups need an attach: the stranger cannot reach the rows either way.
+  v1::LookupRequest lookup;
+  lookup.set_session_id(stranger);
+  lookup.set_namespace_id(team.namespace_id());
+  v1::LookupResponse lresp;
+  EXPECT_EQ(core_->Lookup(lookup, &lresp).code(),
+            absl::StatusCode::kFailedPrecondition);
+  // A member of group 3000 (primary or supplementary) is admitted.
+  EXPECT_TRUE(TryAttach(OpenAs(1004, 3000), "team").ok());
+  EXPECT_TRUE(TryAttach(OpenAs(1005, 1005, {7, 3000}), "team").ok());
+  EXPECT_TRUE(TryAttach(OpenAs(1003, 1003), "lab.x").ok());
+  // Namespaces no entry governs are open to every bound session.
+  EXPECT_TRUE(TryAttach(stranger, "shared").ok());
+  EXPECT_TRUE(core_->CheckInvariants().ok());
+}
+
+TEST_F(TierCoreIsolationTest, AclGroupOwnsTheNamespacesSegments) {
+  if (geteuid() != 0) GTEST_SKIP() << "chown to another group needs root";
+  v1::AttachResponse team, shared;
+  ASSERT_TRUE(TryAttach(OpenAs(1001, 1001), "team", "", &team).ok());
+  ASSERT_TRUE(TryAttach(OpenAs(1001, 1001), "shared", "", &shared).ok());
+  for (const auto& seg : team.segments()) {
+    struct stat st;
+    ASSERT_EQ(stat(seg.path().c_str(), &st), 0) << seg.path();
+    EXPECT_EQ(st.st_gid, 3000u) << seg.path();
+    EXPECT_EQ(st.st_mode & 0777, 0660u) << seg.path();
+  }
+  struct stat st;
+  ASSERT_EQ(stat(shared.segments(0).path().c_str(), &st), 0);
+  EXPECT_EQ(st.st_gid, getegid());
+}
+
+TEST_F(TierCoreIsolationTest, UidBudgetCapsWhatOneUserCreates) {
+  const uint64_t a = OpenAs(1001, 1001);
+  ASSERT_TRUE(TryAttach(a, "a1").ok());
+  ASSERT_TRUE(TryAttach(a, "a2").ok());
+  const std::string before = State();
+  absl::Status st = TryAttach(a, "a3");
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_THAT(std::string(st.message()), HasSubstr("--uid_budget_bytes"));
+  EXPECT_EQ(State(), before);
+  // Opening namespaces that exist costs nothing; other uids have their own.
+  EXPECT_TRUE(TryAttach(a, "a1").ok());
+  const uint64_t b = OpenAs(1002, 1002);
+  EXPECT_TRUE(TryAttach(b, "b1").ok());
+  EXPECT_TRUE(TryAttach(b, "a3").ok());
+  EXPECT_TRUE(TryAttach(a, "a3").ok()) << "opening b's namespace is free";
+  // Dropping a namespace refunds its creator.
+  v1::DropRequest drop;
+  drop.set_namespace_("a1");
+  drop.set_force(true);
+  v1::DropResponse dresp;
+  ASSERT_TRUE(core_->Drop(drop, &dresp).ok());
+  EXPECT_TRUE(TryAttach(a, "a4").ok());
+}
+
+TEST_F(TierCoreIsolationTest, TenantSaltsSeedDifferentChains) {
+  const uint64_t s1 = OpenAs(1001, 1001), s2 = OpenAs(1002, 1002);
+  v1::AttachResponse r1, r2, r3;
+  ASSERT_TRUE(TryAttach(s1, "shared", "tenant-a", &r1).ok());
+  ASSERT_TRUE(TryAttach(s2, "shared", "tenant-b", &r2).ok());
+  ASSERT_TRUE(TryAttach(OpenAs(1003, 1003), "shared", "tenant-a", &r3).ok());
+  EXPECT_EQ(r1.namespace_id(), r2.namespace_id());
+  EXPECT_NE(r1.hash_seed(), r2.hash_seed());
+  EXPECT_EQ(r1.hash_seed(), r3.hash_seed());
 }
 
 }  // namespace

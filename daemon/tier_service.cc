@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "daemon/grpc_status.h"
+#include "daemon/metrics.h"
 #include "spdlog/spdlog.h"
 
 namespace kvtier::daemon {
@@ -118,12 +119,17 @@ TierService::Session(grpc::CallbackServerContext* /*context*/) {
   return new SessionReactor(core_, fast_lookup_socket_);
 }
 
+// Lookup, Commit and Attach are timed into the metrics' histograms.
 #define KVTIER_UNARY(Method)                                                \
   grpc::ServerUnaryReactor* TierService::Method(                           \
       grpc::CallbackServerContext* context, const v1::Method##Request* req, \
       v1::Method##Response* resp) {                                         \
-    return Unary<v1::Method##Request, v1::Method##Response>(                \
-        context, core_->Method(*req, resp));                                \
+    constexpr TimedOp kOp = TimedOpOf(#Method);                             \
+    OpTimer timer(kOp, Transport::kGrpc);                                   \
+    absl::Status status = core_->Method(*req, resp);                        \
+    timer.Done(status.ok());                                                \
+    return Unary<v1::Method##Request, v1::Method##Response>(context,        \
+                                                            status);       \
   }
 
 KVTIER_UNARY(Attach)

@@ -9,7 +9,9 @@ pkgs=(
   libabsl-dev libboost-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libssl-dev libxxhash-dev libsystemd-dev
-  python3
+  prometheus-cpp-dev systemd  # kvtierd's /metrics; systemd-analyze (deploy_test)
+  python3 python3-venv  # make pydeps: the venv of python/requirements.txt
+  clang libclang-rt-14-dev passwd  # test-asan + fuzz/; useradd (isolation)
 )
 missing=()
 for p in "${pkgs[@]}"; do

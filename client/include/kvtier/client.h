@@ -9,6 +9,14 @@
 //   ... engine->Evict(gpu_pages, res->page_rows(), stream) ...
 //   auto done = res->CommitAfter(stream, parent, hashes);    // never blocks
 //
+// The tier outlives a daemon restart: when the session stream ends, the
+// client reopens a session in the background (with backoff) and re-attaches
+// every namespace it holds, remapping a bank in place (same address) if the
+// daemon recreated it. During the outage Lookup answers a miss (an empty
+// Lease), Reserve and Commit answer UNAVAILABLE, and the leases and
+// reservations of the ended session are void: releasing or aborting them
+// does nothing, committing them is UNAVAILABLE.
+//
 // The API exposes no protobuf, gRPC or abseil-flags types beyond
 // absl::Status/StatusOr and absl::Span, so an engine that brings its own
 // protobuf can load libkvtier.so (which hides everything else).
@@ -76,6 +84,9 @@ struct ConnectOptions {
   // Use the daemon's fast lookup path (a framed protocol on a second unix
   // socket) for Lookup when it offers one; false: always gRPC.
   bool fast_lookup = true;
+  // Reopen the session and re-attach the namespaces when the daemon goes
+  // away (retrying every 20 ms, backing off to 1 s); false: stay down.
+  bool reconnect = true;
 };
 
 struct AttachOptions {
@@ -143,6 +154,7 @@ class Lease {
   friend class Namespace;
   std::shared_ptr<client::NamespaceState> ns_;
   uint64_t lease_id_ = 0;
+  uint64_t epoch_ = 0;  // The session (Connection::epoch) that pinned it.
   uint32_t matched_pages_ = 0;
   uint32_t usable_pages_ = 0;
   std::vector<uint32_t> rows_;
@@ -183,6 +195,7 @@ class Reservation {
   friend class Namespace;
   std::shared_ptr<client::NamespaceState> ns_;
   uint64_t id_ = 0;
+  uint64_t epoch_ = 0;  // The session (Connection::epoch) that reserved it.
   std::vector<uint32_t> page_rows_;
   std::vector<uint32_t> snapshot_rows_;
 };
@@ -206,8 +219,12 @@ class Namespace {
   double map_seconds() const;
   double register_seconds() const;
 
-  // Longest cached run of `hashes` (packed chain, hash_bytes each).
+  // Longest cached run of `hashes` (packed chain, hash_bytes each). While the
+  // daemon is unreachable (or restarted and not yet re-attached): a miss, an
+  // empty unpinned Lease. Errors only for a bad request (INVALID_ARGUMENT
+  // naming the field) and refusals unrelated to an outage.
   absl::StatusOr<Lease> Lookup(std::string_view hashes, bool pin = true);
+  // UNAVAILABLE while the daemon is unreachable or not re-attached.
   absl::StatusOr<Reservation> Reserve(uint32_t pages, uint32_t snapshots = 0);
 
   // A transfer engine over this namespace's banks and the engine's GPU pool
@@ -240,7 +257,9 @@ class Client {
 
   uint64_t session_id() const;
   const std::string& socket() const;
-  // False once the daemon closed the session (it stopped or restarted).
+  // False from the moment the daemon's session ends (it stopped, died or
+  // restarted) until a new one is open and every namespace re-attached.
+  // session_id() changes with each new session.
   bool session_alive() const;
   // True while lookups go over the fast path rather than gRPC.
   bool fast_lookup_active() const;

@@ -1,0 +1,221 @@
+// The namespace journal: what lets a restarted kvtierd find every prefix
+// whose commit it acknowledged, and nothing it cannot vouch for.
+//
+// The banks live in named shared memory and outlive the daemon process; the
+// index does not. So each namespace has an append-only journal file in the
+// daemon's state folder ("ns.<name>.journal"): a header (the namespace's
+// layout, bank sizes and every segment's path with the creation time stamped
+// in its header, the segment's content nonce), then records, each framed as
+//
+//   u32 length of (type + payload) | u32 CRC-32C of (type + payload) |
+//   u8 type | payload
+//
+// Records: a checkpoint of nodes (hash, parent, every rank's page and
+// snapshot row), a reservation (the rows handed to an engine), a commit (its
+// outcome: each hash with the row that became visible, or "deduplicated"),
+// and a dropped subtree. The daemon appends with write(2) inside the
+// namespace's critical section, before it answers: a commit is acknowledged
+// only once its record is in the file, and a reservation's rows reach the
+// engine only once the reservation is. The page cache keeps a written record
+// through a crash of the daemon process; fsync per record (JournalOptions::
+// fsync) is for machine crashes, which banks in /dev/shm do not survive
+// anyway.
+//
+// Evictions are not journaled: an evicted row's bytes stay what they were
+// until an engine writes the row, and an engine writes only rows it
+// reserved, whose reservation record precedes the write. Replay therefore
+// applies records in order and, at each reservation, takes those rows (of
+// that rank) from whatever node held them; a node evicted but never
+// overwritten comes back with intact bytes, and a node left without any row
+// goes with its subtree. Aborted reservations need no record either: their
+// rows were never visible. A commit record carries its outcome, so a hash
+// committed again after an unjournaled eviction lands on its new rows.
+//
+// A torn or corrupt record (short, bad CRC, bad field) ends the replay: what
+// precedes it is a consistent state. Recovery then writes a fresh checkpoint
+// (temporary file, rename), which is also how the journal is compacted when
+// it grows past a multiple of the live state.
+//
+// Thread-safety: a NamespaceJournal is not thread-safe; its owner (TierCore's
+// namespace) calls it under the namespace's mutex, which also orders the
+// records as the index's changes. The free functions are thread-safe.
+#ifndef KVTIER_DAEMON_JOURNAL_H_
+#define KVTIER_DAEMON_JOURNAL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "daemon/prefix_index.h"
+#include "kvtier/v1/tier.pb.h"
+
+namespace kvtier::daemon {
+
+// CRC-32C (Castagnoli) of `n` bytes at `data`, continuing from `crc` (0 to
+// start). Crc32c("123456789") == 0xe3069283.
+uint32_t Crc32c(const void* data, size_t n, uint32_t crc = 0);
+
+// One segment as the journal knows it.
+struct JournalSegment {
+  std::string bank;  // BankSpec name, or "snapshot".
+  uint32_t rank = 0;
+  std::string path;
+  // The segment header's created_unix_ns when the journal was written: a
+  // segment recreated since (same path, other content) has another.
+  uint64_t created_unix_ns = 0;
+};
+
+// What a journal's first record holds: enough to reopen the namespace.
+struct JournalHeader {
+  std::string name;
+  v1::Layout layout;  // Normalized.
+  uint64_t page_rows = 0;
+  uint64_t snapshot_rows = 0;
+  uint32_t max_replay_tokens = 0;
+  std::vector<JournalSegment> segments;
+};
+
+struct JournalOptions {
+  // fdatasync after every record and checkpoint (and fsync the folder after
+  // a rename): survives a machine crash, at a disk flush per commit.
+  bool fsync = false;
+  // Compact when the records appended since the last checkpoint exceed
+  // max(min_compact_bytes, compact_factor x the checkpoint's bytes).
+  uint64_t min_compact_bytes = 64ull << 20;
+  double compact_factor = 4.0;
+};
+
+// Returns "<state_dir>/ns.<name>.journal". REQUIRES: `name` is a valid
+// namespace name (ValidateNamespaceName), so it is a safe file name.
+std::string JournalPath(const std::string& state_dir, const std::string& name);
+
+// Returns the namespace names that have a journal in `state_dir`, sorted,
+// after removing temporary files a checkpoint killed part-way left there.
+// NOT_FOUND when the folder does not exist.
+absl::StatusOr<std::vector<std::string>> ListJournals(
+    const std::string& state_dir);
+
+class NamespaceJournal {
+ public:
+  // Writes a journal holding `header` and a checkpoint of `index` under a
+  // temporary name and renames it to `path`, replacing any journal there,
+  // then keeps it open for appending. INTERNAL (naming the path and errno)
+  // when the file cannot be written; the old journal, if any, is then intact.
+  static absl::StatusOr<std::unique_ptr<NamespaceJournal>> Create(
+      const std::string& path, const JournalHeader& header,
+      const PrefixIndex& index, const JournalOptions& options);
+
+  NamespaceJournal(const NamespaceJournal&) = delete;
+  NamespaceJournal& operator=(const NamespaceJournal&) = delete;
+  ~NamespaceJournal();  // Closes the file; never removes it.
+
+  // Records that `page_rows` and `snapshot_rows` of `rank` were handed out
+  // for writing. On failure (INTERNAL) nothing of the record stays in the
+  // file and the journal is broken() until the next Checkpoint.
+  absl::Status AppendReserve(uint32_t rank,
+                             absl::Span<const uint32_t> page_rows,
+                             absl::Span<const uint32_t> snapshot_rows);
+  // Records a commit's outcome for `rank`: hashes[i] holds rows[i], except
+  // where rows[i] is in `freed_page_rows` (deduplicated: the hash already had
+  // a row); likewise for the snapshot placements. `parent`: nullptr when
+  // hashes[0] is a first page. Same failure contract as AppendReserve.
+  absl::Status AppendCommit(
+      uint32_t rank, const HashKey* parent, absl::Span<const HashKey> hashes,
+      absl::Span<const uint32_t> rows,
+      absl::Span<const PrefixIndex::SnapshotPlacement> snapshots,
+      absl::Span<const uint32_t> freed_page_rows,
+      absl::Span<const uint32_t> freed_snapshot_rows);
+  // Records that the subtree under `hash` was dropped.
+  absl::Status AppendDrop(const HashKey& hash);
+
+  // Rewrites the journal as the header and a checkpoint of `index` (atomic
+  // rename; on failure the current file stays and the error is returned).
+  // Clears broken().
+  absl::Status Checkpoint(const PrefixIndex& index);
+  // True when the records appended since the last checkpoint are past the
+  // compaction threshold, or the journal is broken.
+  bool NeedsCheckpoint() const;
+  // True after a failed append: further appends fail until a Checkpoint
+  // succeeds (a failed append may leave the file's end unreadable).
+  bool broken() const { return broken_; }
+
+  // Removes the journal file (the namespace was dropped) and closes it.
+  absl::Status Remove();
+
+  const std::string& path() const { return path_; }
+  // Bytes in the file now, and of its last checkpoint.
+  uint64_t bytes() const { return bytes_; }
+  uint64_t checkpoint_bytes() const { return checkpoint_bytes_; }
+
+ private:
+  NamespaceJournal(std::string path, JournalHeader header,
+                   const JournalOptions& options);
+  // Frames `payload_` as a record of `type` and appends it.
+  absl::Status Append(uint8_t type);
+
+  // Immutable after construction.
+  const std::string path_;
+  const JournalHeader header_;
+  const JournalOptions options_;
+  const uint32_t hash_bytes_;
+  const uint32_t ranks_;
+  const bool hybrid_;
+
+  int fd_ = -1;
+  uint64_t bytes_ = 0;
+  uint64_t checkpoint_bytes_ = 0;
+  bool broken_ = false;
+  std::string payload_;  // Reused record buffer.
+  std::string record_;
+};
+
+// A journal read back and replayed: the header and the live nodes, parents
+// before children.
+struct JournalContents {
+  JournalHeader header;
+  uint32_t hash_bytes = 32;
+  uint32_t ranks = 1;  // Stored ranks.
+  // Node i: keys[i], parents[i] (an index below i, or kNoNode), and rank r's
+  // rows at page_rows[i * ranks + r] / snapshot_rows[i * ranks + r] (kNoRow
+  // where none; snapshot_rows is empty unless hybrid). seq[i] orders
+  // recency: larger is more recent.
+  std::vector<HashKey> keys;
+  std::vector<uint32_t> parents;
+  std::vector<uint32_t> page_rows;
+  std::vector<uint32_t> snapshot_rows;
+  std::vector<uint64_t> seq;
+
+  uint64_t records = 0;      // Records replayed (header included).
+  uint64_t valid_bytes = 0;  // File bytes up to the end of the last one.
+  uint64_t file_bytes = 0;
+  // Set when the replay stopped before the end of the file: why, and where.
+  std::string stopped;
+  // Commit records that disagreed with the replayed state (a parent or a
+  // deduplicated page missing) and were applied only up to that point. A
+  // journal the daemon wrote has none.
+  uint64_t inconsistent = 0;
+};
+
+// Reads and replays the journal at `path`. NOT_FOUND when absent; DATA_LOSS
+// when even the header cannot be read (no magic, torn or corrupt first
+// record, invalid layout). A torn or corrupt later record ends the replay
+// with what precedes it and is described in `stopped`.
+absl::StatusOr<JournalContents> ReadJournal(const std::string& path);
+
+// Fills `index` (empty, created with the header's shape) with the replayed
+// nodes: claims their rows, then commits them leaf path by leaf path in
+// recency order, so the LRU order survives. A node whose parent lacks the
+// rank's row is left out, with its subtree, for that rank. Returns the pages
+// restored (node-rank pairs). An error (INTERNAL, from the index) leaves
+// `index` partly filled: the caller clears it.
+absl::StatusOr<uint64_t> RestoreIndex(const JournalContents& contents,
+                                      PrefixIndex* index);
+
+}  // namespace kvtier::daemon
+
+#endif  // KVTIER_DAEMON_JOURNAL_H_

@@ -1,0 +1,354 @@
+// MetricsExporter: kvtierd's Prometheus metrics.
+#include "daemon/metrics.h"
+
+#include <array>
+#include <atomic>
+#include <exception>
+#include <limits>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "daemon/tier_core.h"
+#include "prometheus/collectable.h"
+#include "prometheus/exposer.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/text_serializer.h"
+#include "spdlog/spdlog.h"
+
+namespace kvtier::daemon {
+namespace {
+
+using prometheus::ClientMetric;
+using prometheus::MetricFamily;
+using prometheus::MetricType;
+
+constexpr const char* kOpNames[kTimedOps] = {"lookup", "commit", "attach"};
+constexpr const char* kTransportNames[kTransports] = {"grpc", "fast"};
+
+// A latency histogram that request threads update with relaxed atomics: no
+// lock on the lookup path. Buckets are stored per bucket (not cumulative);
+// Collect accumulates them.
+class AtomicHistogram {
+ public:
+  void Observe(double seconds) {
+    int b = 0;
+    while (b < MetricsExporter::kBuckets &&
+           seconds > MetricsExporter::kRequestBuckets[b]) {
+      ++b;
+    }
+    buckets_[b].fetch_add(1, std::memory_order_relaxed);
+    const double ns = seconds * 1e9;
+    sum_ns_.fetch_add(ns > 0 ? static_cast<uint64_t>(ns) : 0,
+                      std::memory_order_relaxed);
+  }
+  uint64_t count() const {
+    uint64_t n = 0;
+    for (const auto& b : buckets_) n += b.load(std::memory_order_relaxed);
+    return n;
+  }
+  ClientMetric::Histogram Snapshot() const {
+    ClientMetric::Histogram h;
+    uint64_t cumulative = 0;
+    for (int b = 0; b <= MetricsExporter::kBuckets; ++b) {
+      cumulative += buckets_[b].load(std::memory_order_relaxed);
+      ClientMetric::Bucket bucket;
+      bucket.cumulative_count = cumulative;
+      bucket.upper_bound = b < MetricsExporter::kBuckets
+                               ? MetricsExporter::kRequestBuckets[b]
+                               : std::numeric_limits<double>::infinity();
+      h.bucket.push_back(bucket);
+    }
+    h.sample_count = cumulative;
+    h.sample_sum = sum_ns_.load(std::memory_order_relaxed) / 1e9;
+    return h;
+  }
+
+ private:
+  // The last bucket is +Inf.
+  std::array<std::atomic<uint64_t>, MetricsExporter::kBuckets + 1> buckets_{};
+  std::atomic<uint64_t> sum_ns_{0};
+};
+
+ClientMetric::Label L(std::string name, std::string value) {
+  return ClientMetric::Label{std::move(name), std::move(value)};
+}
+
+// Builds one family; Add appends a sample with its labels.
+class Family {
+ public:
+  Family(std::string name, std::string help, MetricType type) {
+    f_.name = std::move(name);
+    f_.help = std::move(help);
+    f_.type = type;
+  }
+  ClientMetric& Add(std::vector<ClientMetric::Label> labels) {
+    ClientMetric& m = f_.metric.emplace_back();
+    m.label = std::move(labels);
+    return m;
+  }
+  void Value(std::vector<ClientMetric::Label> labels, double v) {
+    ClientMetric& m = Add(std::move(labels));
+    switch (f_.type) {
+      case MetricType::Counter:
+        m.counter.value = v;
+        break;
+      case MetricType::Gauge:
+        m.gauge.value = v;
+        break;
+      default:
+        m.untyped.value = v;
+        break;
+    }
+  }
+  MetricFamily Take() { return std::move(f_); }
+
+ private:
+  MetricFamily f_;
+};
+
+// Sum of the per-page banks' row bytes: the bytes of one page of one rank.
+uint64_t PageBytes(const v1::Layout& layout) {
+  uint64_t b = 0;
+  for (const auto& bank : layout.page_banks()) b += bank.row_bytes();
+  return b;
+}
+
+}  // namespace
+
+struct MetricsExporter::Impl : public prometheus::Collectable {
+  explicit Impl(TierCore* c) : core(c) {}
+
+  std::vector<MetricFamily> Collect() const override;
+
+  TierCore* const core;
+  // [op][transport]
+  AtomicHistogram latency[kTimedOps][kTransports];
+  std::atomic<uint64_t> errors[kTimedOps][kTransports] = {};
+
+  absl::Mutex mu;
+  std::unique_ptr<prometheus::Exposer> exposer ABSL_GUARDED_BY(mu);
+  int port ABSL_GUARDED_BY(mu) = 0;
+};
+
+std::vector<MetricFamily> MetricsExporter::Impl::Collect() const {
+  std::vector<MetricFamily> out;
+  v1::StatsResponse stats;
+  if (absl::Status s = core->Stats(v1::StatsRequest(), &stats); !s.ok()) {
+    SPDLOG_WARN("metrics: stats failed: {}", s.ToString());
+  }
+  std::map<std::string, TierCore::NamespaceCounters> counters;
+  for (auto& c : core->Counters()) counters[c.name] = std::move(c);
+
+  Family info("kvtier_build_info", "kvtierd's version (value 1)",
+              MetricType::Gauge);
+  info.Value({L("version", stats.version())}, 1);
+  out.push_back(info.Take());
+  Family uptime("kvtier_uptime_seconds", "Seconds since kvtierd started",
+                MetricType::Gauge);
+  uptime.Value({}, static_cast<double>(stats.uptime_seconds()));
+  out.push_back(uptime.Take());
+  Family sessions("kvtier_sessions", "Open engine sessions", MetricType::Gauge);
+  sessions.Value({}, stats.sessions());
+  out.push_back(sessions.Take());
+  Family namespaces("kvtier_namespaces", "Namespaces held", MetricType::Gauge);
+  namespaces.Value({}, stats.namespaces_size());
+  out.push_back(namespaces.Take());
+
+  Family lookups("kvtier_lookups_total", "Lookups answered",
+                 MetricType::Counter);
+  Family pages("kvtier_lookup_pages_total",
+               "Pages asked for by lookups: result=hit (usable) or miss",
+               MetricType::Counter);
+  Family committed("kvtier_committed_pages_total",
+                   "Pages made visible by commits (deduplicated ones not "
+                   "counted)",
+                   MetricType::Counter);
+  Family committed_snaps("kvtier_committed_snapshots_total",
+                         "Snapshots made visible by commits",
+                         MetricType::Counter);
+  Family bytes("kvtier_bytes_total",
+               "Bytes of rows moved through the tier: direction=in "
+               "(committed pages and snapshots x row bytes), out (pages and "
+               "snapshots served to lookups x row bytes)",
+               MetricType::Counter);
+  Family evictions(
+      "kvtier_evictions_total",
+      "Rows given up, by cause: page_lru (pages evicted LRU to make room), "
+      "snapshot (snapshots evicted; includes spacing_violation), "
+      "spacing_violation (snapshots evicted against the spacing policy), "
+      "drop (pages removed by a prefix drop)",
+      MetricType::Counter);
+  Family index_pages("kvtier_index_pages", "Pages in the index",
+                     MetricType::Gauge);
+  Family index_snaps("kvtier_index_snapshots", "Index pages holding a snapshot",
+                     MetricType::Gauge);
+  Family index_prefixes("kvtier_index_prefixes", "Cached prefixes (leaves)",
+                        MetricType::Gauge);
+  Family ns_sessions("kvtier_namespace_sessions",
+                     "Sessions attached to the namespace", MetricType::Gauge);
+  Family leases("kvtier_leases", "Pinned lookups not yet released",
+                MetricType::Gauge);
+  Family reservations("kvtier_reservations",
+                      "Reservations not yet committed or aborted",
+                      MetricType::Gauge);
+  Family rows("kvtier_bank_rows",
+              "Rows of a bank by state: used (committed), reserved, free",
+              MetricType::Gauge);
+  Family row_bytes("kvtier_bank_row_bytes", "Bytes of one row of the bank",
+                   MetricType::Gauge);
+  for (const v1::NamespaceInfo& ns : stats.namespaces()) {
+    const std::string& name = ns.name();
+    const TierCore::NamespaceCounters& c = counters[name];
+    const double page_bytes = static_cast<double>(PageBytes(ns.layout()));
+    const double snap_bytes =
+        static_cast<double>(ns.layout().snapshot_row_bytes());
+    lookups.Value({L("namespace", name)}, ns.lookups());
+    pages.Value({L("namespace", name), L("result", "hit")}, ns.hit_pages());
+    pages.Value({L("namespace", name), L("result", "miss")}, ns.miss_pages());
+    committed.Value({L("namespace", name)}, ns.committed_pages());
+    committed_snaps.Value({L("namespace", name)}, c.committed_snapshots);
+    bytes.Value(
+        {L("namespace", name), L("direction", "in")},
+        ns.committed_pages() * page_bytes + c.committed_snapshots * snap_bytes);
+    bytes.Value({L("namespace", name), L("direction", "out")},
+                ns.hit_pages() * page_bytes + c.snapshot_hits * snap_bytes);
+    evictions.Value({L("namespace", name), L("cause", "page_lru")},
+                    ns.evicted_pages());
+    evictions.Value({L("namespace", name), L("cause", "snapshot")},
+                    ns.evicted_snapshots());
+    evictions.Value({L("namespace", name), L("cause", "spacing_violation")},
+                    c.spacing_violations);
+    evictions.Value({L("namespace", name), L("cause", "drop")},
+                    c.dropped_pages);
+    index_pages.Value({L("namespace", name)}, ns.pages());
+    index_snaps.Value({L("namespace", name)}, ns.snapshots());
+    index_prefixes.Value({L("namespace", name)}, ns.prefixes());
+    ns_sessions.Value({L("namespace", name)}, ns.sessions());
+    leases.Value({L("namespace", name)}, ns.leases());
+    reservations.Value({L("namespace", name)}, ns.reservations());
+    for (const v1::BankUsage& b : ns.banks()) {
+      const std::string rank = absl::StrCat(b.rank());
+      for (const auto& [state, n] :
+           {std::pair<const char*, uint64_t>{"used", b.used_rows()},
+            {"reserved", b.reserved_rows()},
+            {"free", b.free_rows()}}) {
+        rows.Value({L("namespace", name), L("bank", b.bank()), L("rank", rank),
+                    L("state", state)},
+                   n);
+      }
+      row_bytes.Value(
+          {L("namespace", name), L("bank", b.bank()), L("rank", rank)},
+          b.row_bytes());
+    }
+  }
+  for (Family* f : {&lookups, &pages, &committed, &committed_snaps, &bytes,
+                    &evictions, &index_pages, &index_snaps, &index_prefixes,
+                    &ns_sessions, &leases, &reservations, &rows, &row_bytes}) {
+    out.push_back(f->Take());
+  }
+
+  // Latency: the (op, transport) pairs that exist.
+  static constexpr std::pair<TimedOp, Transport> kPairs[] = {
+      {TimedOp::kLookup, Transport::kGrpc},
+      {TimedOp::kLookup, Transport::kFastPath},
+      {TimedOp::kCommit, Transport::kGrpc},
+      {TimedOp::kAttach, Transport::kGrpc}};
+  Family duration("kvtier_request_duration_seconds",
+                  "Time kvtierd took to answer a request, errors included, "
+                  "by op (lookup, commit, attach) and transport (grpc, fast)",
+                  MetricType::Histogram);
+  Family errs("kvtier_request_errors_total",
+              "Requests answered with an error, by op and transport",
+              MetricType::Counter);
+  Family attaches("kvtier_attaches_total", "Successful attaches",
+                  MetricType::Counter);
+  for (const auto& [op, transport] : kPairs) {
+    const int o = static_cast<int>(op), t = static_cast<int>(transport);
+    std::vector<ClientMetric::Label> labels = {
+        L("op", kOpNames[o]), L("transport", kTransportNames[t])};
+    duration.Add(labels).histogram = latency[o][t].Snapshot();
+    errs.Value(labels, errors[o][t].load(std::memory_order_relaxed));
+  }
+  {
+    // Errors first: Observe counts the sample before the error, so the
+    // count read second is never below the errors read first.
+    const int o = static_cast<int>(TimedOp::kAttach);
+    const int t = static_cast<int>(Transport::kGrpc);
+    const uint64_t failed = errors[o][t].load(std::memory_order_relaxed);
+    attaches.Value({}, static_cast<double>(latency[o][t].count() - failed));
+  }
+  out.push_back(duration.Take());
+  out.push_back(errs.Take());
+  out.push_back(attaches.Take());
+  return out;
+}
+
+MetricsExporter::MetricsExporter(TierCore* core)
+    : impl_(std::make_shared<Impl>(core)) {}
+
+MetricsExporter::~MetricsExporter() { Stop(); }
+
+absl::Status MetricsExporter::Start(const std::string& address) {
+  // host:port with a numeric port; [v6]:port is accepted as civetweb takes it.
+  const size_t colon = address.rfind(':');
+  int port = -1;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--metrics_address: '", address,
+        "' is not host:port (e.g. 127.0.0.1:9464; port 0 picks one)"));
+  }
+  absl::MutexLock lock(&impl_->mu);
+  if (impl_->exposer != nullptr) {
+    return absl::FailedPreconditionError("metrics: already serving");
+  }
+  // prometheus-cpp reports bind failures by throwing: catch at this edge.
+  try {
+    auto exposer = std::make_unique<prometheus::Exposer>(address, 2);
+    exposer->RegisterCollectable(impl_);
+    const std::vector<int> ports = exposer->GetListeningPorts();
+    impl_->port = ports.empty() ? port : ports.front();
+    impl_->exposer = std::move(exposer);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat(
+        "--metrics_address: cannot serve on ", address, ": ", e.what()));
+  }
+  return absl::OkStatus();
+}
+
+int MetricsExporter::port() const {
+  absl::MutexLock lock(&impl_->mu);
+  return impl_->exposer != nullptr ? impl_->port : 0;
+}
+
+void MetricsExporter::Stop() {
+  std::unique_ptr<prometheus::Exposer> exposer;
+  {
+    absl::MutexLock lock(&impl_->mu);
+    exposer = std::move(impl_->exposer);
+    impl_->port = 0;
+  }
+  // Destroying the exposer joins its threads, which may be inside Collect.
+  exposer.reset();
+}
+
+std::string MetricsExporter::Render() const {
+  return prometheus::TextSerializer().Serialize(impl_->Collect());
+}
+
+void MetricsExporter::Observe(TimedOp op, Transport transport, double seconds,
+                              bool ok) {
+  const int o = static_cast<int>(op), t = static_cast<int>(transport);
+  if (o >= kTimedOps || t >= kTransports) return;
+  impl_->latency[o][t].Observe(seconds);
+  if (!ok) impl_->errors[o][t].fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace kvtier::daemon

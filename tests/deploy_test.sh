@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# deploy_test: the systemd deployment as installed by deploy/install.sh.
+#
+#   tests/deploy_test.sh BUILD_DIR
+#
+# 1. install.sh stages every file under a DESTDIR and keeps an existing
+#    flag file on a second run;
+# 2. `systemd-analyze verify` passes on the installed unit with no warning
+#    about it (ExecStart's /usr/bin/kvtierd is pointed at the staged binary,
+#    since the check insists the binary exists), and the same check rejects a
+#    unit with a misspelt key, so it can fail;
+# 3. systemd-sysusers creates the kvtier user, and systemd-tmpfiles creates
+#    /run/kvtier and gives /dev/hugepages to the kvtier group, in a scratch
+#    root (as root only: tmpfiles must chown);
+# 4. the staged kvtierd accepts the shipped flag files (every flag exists).
+set -euo pipefail
+build="$(cd "${1:?usage: deploy_test.sh BUILD_DIR}" && pwd)"
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+work="$(mktemp -d /tmp/kvtier-deploy-test.XXXXXX)"
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# 1. Install into a staging root, twice.
+stage="$work/stage"
+DESTDIR="$stage" "$repo/deploy/install.sh" "$build" >/dev/null
+for f in usr/bin/kvtierd usr/bin/kvtierctl \
+         usr/lib/systemd/system/kvtierd.service \
+         usr/lib/tmpfiles.d/kvtier.conf usr/lib/sysusers.d/kvtier.conf \
+         usr/share/doc/kvtier/operations.md etc/kvtier/kvtierd.flags; do
+  [ -f "$stage/$f" ] || fail "install.sh did not install /$f"
+done
+echo "--edited" >> "$stage/etc/kvtier/kvtierd.flags"
+DESTDIR="$stage" "$repo/deploy/install.sh" "$build" >/dev/null
+grep -q -- "--edited" "$stage/etc/kvtier/kvtierd.flags" ||
+  fail "a second install overwrote the edited flag file"
+[ -f "$stage/etc/kvtier/kvtierd.flags.default" ] ||
+  fail "a second install did not put the new default beside the flag file"
+echo "ok: install.sh stages the files and keeps the flag file"
+
+# 2. systemd-analyze verify.
+if ! command -v systemd-analyze >/dev/null; then
+  fail "systemd-analyze is missing (Debian package: systemd)"
+fi
+unit_src="$stage/usr/lib/systemd/system/kvtierd.service"
+grep -q '^ExecStart=/usr/bin/kvtierd --flagfile=/etc/kvtier/kvtierd.flags$' \
+  "$unit_src" || fail "the unit does not start /usr/bin/kvtierd with the flag file"
+# Returns 0 when systemd-analyze verify accepts $1 without a word about it.
+verify_unit() {
+  local out rc=0
+  out="$(systemd-analyze verify --man=no "$1" 2>&1)" || rc=$?
+  if [ "$rc" -ne 0 ] || grep -q "$(basename "$1")" <<<"$out"; then
+    echo "$out"
+    return 1
+  fi
+}
+mkdir -p "$work/units"
+sed "s#^ExecStart=/usr/bin/kvtierd #ExecStart=$stage/usr/bin/kvtierd #" \
+  "$unit_src" > "$work/units/kvtierd.service"
+grep -q "^ExecStart=$stage/usr/bin/kvtierd " "$work/units/kvtierd.service" ||
+  fail "could not point ExecStart at the staged binary"
+verify_unit "$work/units/kvtierd.service" ||
+  fail "systemd-analyze verify rejects deploy/kvtierd.service"
+mkdir -p "$work/bad"
+sed 's/^NoNewPrivileges=/NoNewPrivilege=/' "$work/units/kvtierd.service" \
+  > "$work/bad/kvtierd.service"
+if verify_unit "$work/bad/kvtierd.service" >/dev/null; then
+  fail "the verify check accepted a unit with a misspelt key"
+fi
+echo "ok: systemd-analyze verify passes on the unit (and fails a broken one)"
+
+# 3. sysusers and tmpfiles in a scratch root.
+root="$work/root"
+mkdir -p "$root/etc" "$root/dev/hugepages"
+systemd-sysusers --root="$root" "$stage/usr/lib/sysusers.d/kvtier.conf" \
+  >/dev/null 2>&1 || fail "systemd-sysusers rejects sysusers.d/kvtier.conf"
+grep -q '^kvtier:' "$root/etc/passwd" || fail "no kvtier user created"
+grep -q '^kvtier:' "$root/etc/group" || fail "no kvtier group created"
+if [ "$(id -u)" -eq 0 ]; then
+  systemd-tmpfiles --root="$root" --create \
+    "$stage/usr/lib/tmpfiles.d/kvtier.conf" ||
+    fail "systemd-tmpfiles rejects tmpfiles.d/kvtier.conf"
+  kvtier_uid="$(awk -F: '$1 == "kvtier" { print $3 }' "$root/etc/passwd")"
+  kvtier_gid="$(awk -F: '$1 == "kvtier" { print $3 }' "$root/etc/group")"
+  [ "$(stat -c '%a %u %g' "$root/run/kvtier")" = "750 $kvtier_uid $kvtier_gid" ] ||
+    fail "/run/kvtier is $(stat -c '%a %u %g' "$root/run/kvtier")"
+  [ "$(stat -c '%a %g' "$root/dev/hugepages")" = "1770 $kvtier_gid" ] ||
+    fail "/dev/hugepages is $(stat -c '%a %g' "$root/dev/hugepages")"
+  echo "ok: sysusers creates kvtier; tmpfiles creates /run/kvtier and opens /dev/hugepages to the group"
+else
+  echo "ok: sysusers creates kvtier (tmpfiles skipped: needs root to chown)"
+fi
+
+# 4. The shipped flag files name only flags kvtierd has. --helpfull parses
+#    the flag file first and exits before serving.
+for flags in "$repo/deploy/kvtierd.flags" "$repo/deploy/dev.flags"; do
+  out="$("$stage/usr/bin/kvtierd" --flagfile="$flags" --helpfull 2>&1)" || true
+  if grep -q "^ERROR" <<<"$out"; then
+    grep "^ERROR" <<<"$out" >&2
+    fail "kvtierd rejects $(basename "$flags")"
+  fi
+  grep -q -- "--metrics_address" <<<"$out" ||
+    fail "kvtierd --helpfull printed no flags for $(basename "$flags")"
+done
+echo "ok: kvtierd accepts deploy/kvtierd.flags and deploy/dev.flags"
+echo "PASS"

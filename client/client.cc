@@ -396,11 +396,13 @@ struct NamespaceState {
   }
 
   // Runs task(OkStatus()) on the worker once `stream`'s queued work has
-  // finished; at once (on the worker) when there is no stream or no device.
+  // finished; at once (on the worker) when the process has no device. A null
+  // stream is CUDA's default stream, as everywhere in CUDA (torch uses it
+  // unless told otherwise), so it is waited for like any other.
   // When the callback cannot be queued behind the stream, runs task(error)
   // instead: the task must then not make rows visible or unpin them.
   void After(void* stream, std::function<void(absl::Status)> task) {
-    if (stream == nullptr || !CudaDevicePresent()) {
+    if (!CudaDevicePresent()) {
       conn->worker->Post([t = std::move(task)] { t(absl::OkStatus()); });
       return;
     }

@@ -145,9 +145,9 @@ class Lease {
   // Releases the pin now. REQUIRES: the engine's copies from these rows have
   // finished (else use ReleaseAfter).
   absl::Status Release();
-  // Releases the pin once the work queued on `stream` (a cudaStream_t) so far
-  // has finished, without blocking the calling thread. Host-only or null
-  // stream: releases now.
+  // Releases the pin once the work queued on `stream` (a cudaStream_t; null
+  // is CUDA's default stream) so far has finished, without blocking the
+  // calling thread. In a process without a GPU: releases now.
   void ReleaseAfter(void* stream);
 
  private:

@@ -170,8 +170,10 @@ uint32_t kvt_lease_usable_pages(const kvt_lease* lease);
 const uint32_t* kvt_lease_rows(const kvt_lease* lease);
 int32_t kvt_lease_has_snapshot(const kvt_lease* lease);
 uint32_t kvt_lease_snapshot_row(const kvt_lease* lease);
-/* Releases the pin (after `stream`'s queued work when stream is not NULL)
- * and frees the handle. */
+/* Releases the pin and frees the handle. stream NULL: now, synchronously
+ * (REQUIRES the copies from the rows to have finished). Otherwise once the
+ * work queued on `stream` so far has finished, without blocking; to wait for
+ * CUDA's legacy default stream pass cudaStreamLegacy ((void*)0x1). */
 kvt_status kvt_lease_release(kvt_lease* lease, void* stream);
 
 kvt_status kvt_reserve(kvt_namespace* ns, uint32_t pages, uint32_t snapshots,
@@ -188,7 +190,9 @@ kvt_status kvt_commit(kvt_reservation* r, const uint8_t* parent,
                       size_t num_hashes, const kvt_snapshot_placement* snaps,
                       size_t num_snaps, kvt_commit_result* result);
 /* Commits once `stream`'s queued work has finished, without blocking; frees
- * the reservation handle and returns a pending handle to wait on. */
+ * the reservation handle and returns a pending handle to wait on. NULL is
+ * CUDA's default stream when the process has a GPU (as in CUDA itself), and
+ * "at once" in a process without one. */
 kvt_status kvt_commit_after(kvt_reservation* r, void* stream,
                             const uint8_t* parent, size_t parent_len,
                             const uint8_t* hashes, size_t num_hashes,

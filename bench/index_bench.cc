@@ -35,6 +35,8 @@
 #include "daemon/prefix_index.h"
 #include "daemon/tier_core.h"
 #include "kvtier/client.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
 #include "tests/daemon_process.h"
 
 ABSL_FLAG(uint32_t, pages, 1536, "Hashes per lookup (24k tokens at 16/page)");
@@ -308,6 +310,9 @@ std::string OverSocket(uint32_t pages, double seconds, uint32_t prefixes,
 
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  // stdout carries the JSON alone; the in-process daemon core logs to stderr.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("index_bench"));
+  spdlog::set_level(spdlog::level::warn);
   const uint32_t pages = absl::GetFlag(FLAGS_pages);
   const double seconds = absl::GetFlag(FLAGS_seconds);
   std::vector<int> counts;

@@ -30,6 +30,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, socket, "",
@@ -152,6 +153,8 @@ int Main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "kvtierd: per-node host-memory tier for LLM KV caches");
   absl::ParseCommandLine(argc, argv);
+  // Logs go to stderr (journald takes both streams; stdout stays clean).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("kvtierd"));
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
 

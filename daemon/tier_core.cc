@@ -61,15 +61,23 @@ struct TierCore::Namespace {
   absl::flat_hash_map<uint64_t, uint32_t> sessions ABSL_GUARDED_BY(mu);
   uint64_t reserved_page_rows ABSL_GUARDED_BY(mu) = 0;
   uint64_t reserved_snapshot_rows ABSL_GUARDED_BY(mu) = 0;
-  uint64_t lookups ABSL_GUARDED_BY(mu) = 0;
+  // Lookup counters: unpinned lookups run under the shared lock only.
+  std::atomic<uint64_t> lookups{0};
+  std::atomic<uint64_t> hit_pages{0};
+  std::atomic<uint64_t> miss_pages{0};
+  std::atomic<uint64_t> snapshot_hits{0};
   // Bumped by every operation that may evict or remove nodes (Reserve,
   // Drop), so a lookup can tell whether its shared-lock search is stale.
   uint64_t evict_epoch ABSL_GUARDED_BY(mu) = 0;
-  uint64_t hit_pages ABSL_GUARDED_BY(mu) = 0;
-  uint64_t miss_pages ABSL_GUARDED_BY(mu) = 0;
+  // Recency updates of unpinned lookups, applied (in order) under the
+  // exclusive lock before anything that evicts or orders by recency, so LRU
+  // decisions see every lookup without lookups taking the exclusive lock.
+  // Lock order: mu, then touch_mu.
+  absl::Mutex touch_mu;
+  std::vector<std::pair<uint32_t, HashKey>> pending_touches
+      ABSL_GUARDED_BY(touch_mu);
   uint64_t committed_pages ABSL_GUARDED_BY(mu) = 0;
   uint64_t committed_snapshots ABSL_GUARDED_BY(mu) = 0;
-  uint64_t snapshot_hits ABSL_GUARDED_BY(mu) = 0;
   uint64_t dropped_pages ABSL_GUARDED_BY(mu) = 0;
   uint64_t dropped_snapshots ABSL_GUARDED_BY(mu) = 0;
 
@@ -523,6 +531,18 @@ absl::Status TierCore::Lookup(const v1::LookupRequest& req,
   return absl::OkStatus();
 }
 
+void TierCore::ApplyPendingTouches(Namespace& ns) {
+  std::vector<std::pair<uint32_t, HashKey>> touches;
+  {
+    absl::MutexLock touch(&ns.touch_mu);
+    touches.swap(ns.pending_touches);
+  }
+  for (const auto& [node, key] : touches) {
+    // An id evicted and reused since the lookup is another node now.
+    if (ns.index->NodeHasKey(node, key)) ns.index->Touch(node);
+  }
+}
+
 absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
                                     absl::string_view hashes, bool pin,
                                     LookupOutcome* out) {
@@ -551,20 +571,53 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
   // queue behind each other; only the recency update, the counters and the
   // pin take the exclusive lock. A Reserve (the only evictor besides Drop)
   // between the two bumps evict_epoch, and then the search is redone.
+  // An unpinned lookup takes only the shared lock: its recency update is
+  // queued (see Namespace::pending_touches).
   PrefixIndex::LookupResult r;
   uint64_t epoch = 0;
+  auto count = [&] {
+    ns.lookups.fetch_add(1, std::memory_order_relaxed);
+    ns.hit_pages.fetch_add(r.usable_pages, std::memory_order_relaxed);
+    ns.miss_pages.fetch_add(keys.size() - r.usable_pages,
+                            std::memory_order_relaxed);
+    if (r.has_snapshot) {
+      ns.snapshot_hits.fetch_add(1, std::memory_order_relaxed);
+    }
+  };
+  bool flush = false;
   {
     absl::ReaderMutexLock shared(&ns.mu);
     r = ns.index->Find(keys, rank);
     epoch = ns.evict_epoch;
+    if (!pin) {
+      if (r.touch_node != kNoNode) {
+        const size_t depth =
+            (r.pin_node != kNoNode ? r.usable_pages : r.matched_pages) - 1;
+        absl::MutexLock touch(&ns.touch_mu);
+        ns.pending_touches.emplace_back(r.touch_node, keys[depth]);
+        flush = ns.pending_touches.size() >= kMaxPendingTouches;
+      }
+      count();
+    }
+  }
+  if (!pin) {
+    if (flush) {
+      absl::MutexLock lock(&ns.mu);
+      ApplyPendingTouches(ns);
+    }
+    out->matched_pages = r.matched_pages;
+    out->usable_pages = r.usable_pages;
+    out->rows = std::move(r.rows);
+    out->has_snapshot = r.has_snapshot;
+    out->snapshot_row = r.has_snapshot ? r.snapshot_row : 0;
+    out->lease_id = 0;
+    return absl::OkStatus();
   }
   absl::MutexLock lock(&ns.mu);
+  ApplyPendingTouches(ns);
   if (ns.evict_epoch != epoch) r = ns.index->Find(keys, rank);
   ns.index->Touch(r.touch_node);
-  ++ns.lookups;
-  ns.hit_pages += r.usable_pages;
-  ns.miss_pages += keys.size() - r.usable_pages;
-  if (r.has_snapshot) ++ns.snapshot_hits;
+  count();
   out->matched_pages = r.matched_pages;
   out->usable_pages = r.usable_pages;
   out->rows = std::move(r.rows);
@@ -601,6 +654,7 @@ absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
         ns.snapshot_rows, " rows"));
   }
   absl::MutexLock lock(&ns.mu);
+  ApplyPendingTouches(ns);  // Evictions must see every lookup's recency.
   ++ns.evict_epoch;  // Allocation may evict.
   std::vector<uint32_t> pages, snaps;
   if (req.pages() > 0) {
@@ -807,6 +861,7 @@ absl::Status TierCore::Drop(const v1::DropRequest& req,
         return s;
       }
       absl::MutexLock ns_lock(&ns->mu);
+      ApplyPendingTouches(*ns);
       ++ns->evict_epoch;
       auto dropped = ns->index->DropSubtree(key);
       if (!dropped.ok()) return dropped.status();
@@ -885,9 +940,9 @@ void TierCore::FillNamespaceInfo(Namespace& ns, v1::NamespaceInfo* info) {
   info->set_snapshots(u.snapshots);
   info->set_prefixes(u.leaves);
   info->set_sessions(ns.sessions.size());
-  info->set_lookups(ns.lookups);
-  info->set_hit_pages(ns.hit_pages);
-  info->set_miss_pages(ns.miss_pages);
+  info->set_lookups(ns.lookups.load());
+  info->set_hit_pages(ns.hit_pages.load());
+  info->set_miss_pages(ns.miss_pages.load());
   info->set_committed_pages(ns.committed_pages);
   info->set_evicted_pages(u.evicted_pages);
   info->set_evicted_snapshots(u.evicted_snapshots);
@@ -972,6 +1027,7 @@ absl::Status TierCore::ListPrefixes(const v1::ListPrefixesRequest& req,
   }
   const size_t limit = req.limit() == 0 ? 100 : req.limit();
   absl::MutexLock lock(&ns->mu);
+  ApplyPendingTouches(*ns);  // "Recent first" must count every lookup.
   uint64_t total = 0;
   auto prefixes = ns->index->ListPrefixes(
       req.order() == v1::ListPrefixesRequest::ORDER_RECENT, limit, &total);
@@ -1107,7 +1163,7 @@ std::vector<TierCore::NamespaceCounters> TierCore::Counters() {
     NamespaceCounters& c = out.emplace_back();
     c.name = ns->name;
     c.committed_snapshots = ns->committed_snapshots;
-    c.snapshot_hits = ns->snapshot_hits;
+    c.snapshot_hits = ns->snapshot_hits.load();
     c.dropped_pages = ns->dropped_pages;
     c.dropped_snapshots = ns->dropped_snapshots;
     c.spacing_violations = ns->index->GetUsage().spacing_violations;

@@ -218,6 +218,11 @@ class TierCore {
                                                      uint64_t namespace_id,
                                                      uint32_t* rank);
   void FillNamespaceInfo(Namespace& ns, v1::NamespaceInfo* info);
+  // Applies the recency updates unpinned lookups queued. REQUIRES: ns.mu
+  // held exclusively.
+  static void ApplyPendingTouches(Namespace& ns);
+  // Queued recency updates after which a lookup applies them itself.
+  static constexpr size_t kMaxPendingTouches = 4096;
   // Turns the outcome of a journal append into the request's: OK as is
   // (compacting the journal when due); on failure a checkpoint of the
   // namespace's current state makes the change durable anyway, else

@@ -291,6 +291,30 @@ TEST_F(TierCoreTest, SessionCloseReturnsReservationsAndPins) {
   EXPECT_EQ(Lookup(owner, a.namespace_id(), hashes).matched_pages(), 7u);
 }
 
+TEST_F(TierCoreTest, UnpinnedLookupsRefreshRecencyBeforeEviction) {
+  const uint64_t s = Open();
+  v1::AttachResponse a = Attach(s, "lru", AttentionLayout(), 0, 8);
+  const std::string older = RandomHashes(4, 32, 40);
+  const std::string newer = RandomHashes(4, 32, 41);
+  for (const std::string* h : {&older, &newer}) {
+    auto r = Reserve(s, a.namespace_id(), 4);
+    ASSERT_TRUE(r.ok());
+    ASSERT_TRUE(Commit(s, a.namespace_id(), r->reservation_id(), "", *h).ok());
+  }
+  // An unpinned lookup (shared lock, queued recency) makes `older` the most
+  // recently used; the next eviction must take `newer`'s leaf instead.
+  EXPECT_EQ(Lookup(s, a.namespace_id(), older, /*pin=*/false).matched_pages(),
+            4u);
+  auto r = Reserve(s, a.namespace_id(), 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Lookup(s, a.namespace_id(), older).matched_pages(), 4u);
+  EXPECT_EQ(Lookup(s, a.namespace_id(), newer).matched_pages(), 3u);
+  v1::StatsResponse stats;
+  ASSERT_TRUE(core_->Stats({}, &stats).ok());
+  EXPECT_EQ(stats.namespaces(0).lookups(), 3u);
+  EXPECT_TRUE(core_->CheckInvariants().ok());
+}
+
 TEST_F(TierCoreTest, HybridLookupStopsAtDeepestSnapshot) {
   const uint64_t s = Open();
   v1::AttachResponse a = Attach(s, "hy", HybridLayout(), 0, 64, 8);

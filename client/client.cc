@@ -281,6 +281,10 @@ struct NamespaceState {
   bool registered = false;
   double map_seconds = 0;
   double register_seconds = 0;
+  // The daemon's device pools as the first Attach reported them, valid for
+  // the session of device_epoch only (immutable after Attach).
+  std::vector<DevicePoolInfo> device_pools;
+  uint64_t device_epoch = 0;
   absl::Mutex mu;
   // Why the last re-attach failed (empty: it did not).
   std::string stale_reason ABSL_GUARDED_BY(mu);
@@ -363,7 +367,8 @@ struct NamespaceState {
   absl::StatusOr<CommitResult> CommitReservation(
       uint64_t reservation_epoch, uint64_t reservation_id,
       std::string_view parent, std::string_view hashes,
-      const std::vector<SnapshotPlacement>& snaps) {
+      const std::vector<SnapshotPlacement>& snaps,
+      const std::vector<SnapshotPlacement>& device_snaps = {}) {
     v1::CommitRequest req;
     uint64_t e = 0;
     if (!Fill(&req, &e)) return Unusable("Commit");
@@ -378,6 +383,11 @@ struct NamespaceState {
     req.set_hashes(std::string(hashes));
     for (const auto& s : snaps) {
       auto* p = req.add_snapshots();
+      p->set_index(s.index);
+      p->set_hash(s.hash);
+    }
+    for (const auto& s : device_snaps) {
+      auto* p = req.add_device_snapshots();
       p->set_index(s.index);
       p->set_hash(s.hash);
     }
@@ -630,6 +640,8 @@ Lease& Lease::operator=(Lease&& o) noexcept {
     rows_ = std::move(o.rows_);
     has_snapshot_ = o.has_snapshot_;
     snapshot_row_ = o.snapshot_row_;
+    has_device_snapshot_ = o.has_device_snapshot_;
+    device_snapshot_row_ = o.device_snapshot_row_;
   }
   return *this;
 }
@@ -667,6 +679,7 @@ Reservation& Reservation::operator=(Reservation&& o) noexcept {
     epoch_ = o.epoch_;
     page_rows_ = std::move(o.page_rows_);
     snapshot_rows_ = std::move(o.snapshot_rows_);
+    device_snapshot_rows_ = std::move(o.device_snapshot_rows_);
   }
   return *this;
 }
@@ -677,13 +690,14 @@ Reservation::~Reservation() {
 
 absl::StatusOr<CommitResult> Reservation::Commit(
     std::string_view parent_hash, std::string_view hashes,
-    const std::vector<SnapshotPlacement>& snapshots) {
+    const std::vector<SnapshotPlacement>& snapshots,
+    const std::vector<SnapshotPlacement>& device_snapshots) {
   if (id_ == 0) {
     return absl::FailedPreconditionError(
         "reservation: already committed or aborted");
   }
-  auto result =
-      ns_->CommitReservation(epoch_, id_, parent_hash, hashes, snapshots);
+  auto result = ns_->CommitReservation(epoch_, id_, parent_hash, hashes,
+                                       snapshots, device_snapshots);
   if (result.ok()) id_ = 0;
   return result;
 }
@@ -746,6 +760,55 @@ const BankMapping* Namespace::snapshot_bank() const {
 }
 double Namespace::map_seconds() const { return state_->map_seconds; }
 double Namespace::register_seconds() const { return state_->register_seconds; }
+const std::vector<DevicePoolInfo>& Namespace::device_pools() const {
+  return state_->device_pools;
+}
+bool Namespace::device_pools_valid() const {
+  return !state_->device_pools.empty() &&
+         state_->Current(state_->device_epoch);
+}
+
+absl::StatusOr<Lease> Namespace::LookupWithDevice(std::string_view hashes,
+                                                  uint32_t device_pool,
+                                                  bool pin) {
+  if (device_pool >= state_->device_pools.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_pool: ", device_pool, " but the daemon reported ",
+        state_->device_pools.size(), " device pools"));
+  }
+  Lease miss;
+  miss.ns_ = state_;
+  v1::LookupRequest req;
+  uint64_t epoch = 0;
+  if (!state_->Fill(&req, &epoch)) return miss;
+  // A later daemon session's pools are other allocations: ask the host only.
+  if (epoch != state_->device_epoch) return Lookup(hashes, pin);
+  req.set_hashes(std::string(hashes));
+  req.set_pin(pin);
+  req.set_device_pool(device_pool);
+  v1::LookupResponse resp;
+  grpc::ClientContext ctx;
+  state_->conn->Deadline(&ctx);
+  if (absl::Status s = client::FromGrpc(
+          state_->conn->stub->Lookup(&ctx, req, &resp), "Lookup");
+      !s.ok()) {
+    if (client::OutageLike(s) || !state_->Current(epoch)) return miss;
+    return s;
+  }
+  if (!state_->Current(epoch)) return miss;
+  Lease lease;
+  lease.ns_ = state_;
+  lease.lease_id_ = resp.lease_id();
+  lease.epoch_ = epoch;
+  lease.matched_pages_ = resp.matched_pages();
+  lease.usable_pages_ = resp.usable_pages();
+  lease.rows_.assign(resp.rows().begin(), resp.rows().end());
+  lease.has_snapshot_ = resp.has_snapshot();
+  lease.snapshot_row_ = resp.snapshot_row();
+  lease.has_device_snapshot_ = resp.has_device_snapshot();
+  lease.device_snapshot_row_ = resp.device_snapshot_row();
+  return lease;
+}
 
 absl::StatusOr<Lease> Namespace::Lookup(std::string_view hashes, bool pin) {
   // During an outage (or when the answer came from a session that ended
@@ -801,12 +864,21 @@ absl::StatusOr<Lease> Namespace::Lookup(std::string_view hashes, bool pin) {
 }
 
 absl::StatusOr<Reservation> Namespace::Reserve(uint32_t pages,
-                                               uint32_t snapshots) {
+                                               uint32_t snapshots,
+                                               uint32_t device_snapshots,
+                                               uint32_t device_pool) {
   v1::ReserveRequest req;
   uint64_t epoch = 0;
   if (!state_->Fill(&req, &epoch)) return state_->Unusable("Reserve");
+  if (device_snapshots > 0 && epoch != state_->device_epoch) {
+    return absl::UnavailableError(
+        "Reserve: device_snapshots: the daemon session that exported the "
+        "device pools ended (the daemon stopped or restarted); attach again");
+  }
   req.set_pages(pages);
   req.set_snapshots(snapshots);
+  req.set_device_snapshots(device_snapshots);
+  req.set_device_pool(device_pool);
   v1::ReserveResponse resp;
   grpc::ClientContext ctx;
   state_->conn->Deadline(&ctx);
@@ -827,6 +899,45 @@ absl::StatusOr<Reservation> Namespace::Reserve(uint32_t pages,
   r.page_rows_.assign(resp.page_rows().begin(), resp.page_rows().end());
   r.snapshot_rows_.assign(resp.snapshot_rows().begin(),
                           resp.snapshot_rows().end());
+  r.device_snapshot_rows_.assign(resp.device_snapshot_rows().begin(),
+                                 resp.device_snapshot_rows().end());
+  return r;
+}
+
+absl::StatusOr<CommitResult> Namespace::AdoptMirror(
+    const Reservation& mirror, absl::Span<const uint32_t> mirror_indices,
+    std::string_view parent_hash, std::string_view hashes) {
+  if (mirror.id() == 0 || mirror.ns_ != state_) {
+    return absl::InvalidArgumentError(
+        "AdoptMirror: mirror: not a live reservation of this namespace");
+  }
+  v1::CommitRequest req;
+  uint64_t epoch = 0;
+  if (!state_->Fill(&req, &epoch)) return state_->Unusable("AdoptMirror");
+  if (epoch != mirror.epoch_) {
+    return absl::UnavailableError(
+        "AdoptMirror: the mirror belongs to a daemon session that ended (the "
+        "daemon restarted): its rows are void");
+  }
+  req.set_reservation_id(mirror.id());
+  req.mutable_mirror_indices()->Assign(mirror_indices.begin(),
+                                       mirror_indices.end());
+  req.set_parent_hash(std::string(parent_hash));
+  req.set_hashes(std::string(hashes));
+  v1::CommitResponse resp;
+  grpc::ClientContext ctx;
+  state_->conn->Deadline(&ctx);
+  if (absl::Status s = client::FromGrpc(
+          state_->conn->stub->Commit(&ctx, req, &resp), "AdoptMirror");
+      !s.ok()) {
+    if (client::OutageLike(s) || !state_->Current(epoch)) {
+      return client::Unreachable("AdoptMirror");
+    }
+    return s;
+  }
+  CommitResult r;
+  r.committed_pages = resp.committed_pages();
+  r.deduplicated_pages = resp.deduplicated_pages();
   return r;
 }
 
@@ -962,6 +1073,17 @@ absl::StatusOr<std::unique_ptr<Namespace>> Client::Attach(
   state->layout = options.layout;
   state->tp_rank = options.tp_rank;
   state->created = resp.created();
+  state->device_epoch = epoch;
+  for (const auto& p : resp.device_pools()) {
+    DevicePoolInfo info;
+    info.device_ordinal = p.device_ordinal();
+    info.pci_bus_id = p.pci_bus_id();
+    info.ipc_handle = p.ipc_handle();
+    info.rows = p.rows();
+    info.row_bytes = p.row_bytes();
+    info.row_stride = p.row_stride();
+    state->device_pools.push_back(std::move(info));
+  }
   auto hasher = BlockHasher::Create(options.layout.hash_kind, resp.hash_seed(),
                                     options.layout.tokens_per_page);
   if (!hasher.ok()) return hasher.status();

@@ -14,13 +14,16 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/default_socket.h"
+#include "daemon/device_pool.h"
 #include "daemon/fast_lookup_server.h"
 #include "daemon/metrics.h"
 #include "daemon/systemd_notify.h"
@@ -66,7 +69,8 @@ ABSL_FLAG(std::string, namespace_acl, "",
           "Who may attach where: PATTERN=PRINCIPAL[+PRINCIPAL...][;...], "
           "PATTERN a namespace name or a prefix ending in '*', PRINCIPAL "
           "uid:N, gid:N, user:NAME or group:NAME; a namespace's segments "
-          "get its entry's first group. Example: "
+          "get its entry's first group (the daemon must be root or a "
+          "member of it). Example: "
           "'llama=group:ml+user:alice;scratch.*=uid:1001'");
 ABSL_FLAG(uint64_t, uid_budget_bytes, 0,
           "Most bank bytes the namespaces one uid creates may hold together "
@@ -90,6 +94,15 @@ ABSL_FLAG(uint64_t, journal_compact_bytes, 64ull << 20,
           "Rewrite a namespace's journal as a checkpoint once the records "
           "after its last one exceed this and 4x the checkpoint");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
+ABSL_FLAG(uint64_t, device_pool_bytes, 0,
+          "Bytes of daemon-owned GPU memory per GPU for recurrent-state "
+          "snapshots, exported to engines over CUDA IPC; survives engine "
+          "restarts (0: off, and the daemon never loads CUDA)");
+ABSL_FLAG(std::vector<std::string>, device_pool_gpus, {},
+          "CUDA ordinals of the GPUs that get a device pool, comma-separated "
+          "(empty: every visible GPU)");
+ABSL_FLAG(uint64_t, device_pool_row_bytes, 64ull << 20,
+          "Bytes of one snapshot slot of the device pools");
 
 namespace kvtier::daemon {
 namespace {
@@ -228,6 +241,36 @@ int Main(int argc, char** argv) {
   options.journal.min_compact_bytes =
       absl::GetFlag(FLAGS_journal_compact_bytes);
 
+  // The device pools: the only place the daemon touches CUDA, and only when
+  // asked (daemon/device_pool.h). Declared before the core, which hands
+  // their handles out, so it outlives it.
+  std::unique_ptr<DevicePool> device_pool;
+  if (const uint64_t bytes = absl::GetFlag(FLAGS_device_pool_bytes);
+      bytes > 0) {
+    DevicePoolOptions dp;
+    dp.bytes_per_gpu = bytes;
+    dp.row_bytes = absl::GetFlag(FLAGS_device_pool_row_bytes);
+    for (const std::string& g : absl::GetFlag(FLAGS_device_pool_gpus)) {
+      int ordinal = -1;
+      if (!absl::SimpleAtoi(g, &ordinal) || ordinal < 0) {
+        SPDLOG_CRITICAL("--device_pool_gpus: '{}' is not a CUDA ordinal", g);
+        return 2;
+      }
+      dp.gpus.push_back(ordinal);
+    }
+    auto pool = DevicePool::Create(dp);
+    if (!pool.ok()) {
+      SPDLOG_CRITICAL("--device_pool_bytes: {}", pool.status().ToString());
+      return 2;
+    }
+    device_pool = std::move(*pool);
+    for (const DevicePoolExport& e : device_pool->exports()) {
+      SPDLOG_INFO("device pool on GPU {} ({}): {} snapshot slots of {} bytes",
+                  e.device_ordinal, e.pci_bus_id, e.rows, e.row_bytes);
+    }
+    options.device_pools = device_pool->exports();
+  }
+
   TierCore core(options);
   // Before anything is served: namespaces and indexes from the journals.
   if (auto report = core.Recover(); !report.ok()) {
@@ -343,6 +386,7 @@ int Main(int argc, char** argv) {
     // engine to reconnect; the segments stay for the next daemon.
     notifier.Stopping("draining: segments are kept");
     server->GetHealthCheckService()->SetServingStatus(false);
+    service.DrainSessions();
     server->Shutdown(std::chrono::system_clock::now() +
                      std::chrono::seconds(2));
   });

@@ -93,8 +93,10 @@ struct NamespaceAclEntry {
   // group.
   bool Allows(const PeerInfo& peer) const;
   // The group the namespace's segments are created with: the first listed
-  // group, so that exactly the ACL's group can map them; nullopt when the
-  // entry lists only uids (segments then keep the daemon's --group).
+  // group, so that exactly the ACL's group can map them (the daemon must be
+  // root or a member of that group to give them to it); nullopt when the
+  // entry lists only uids (segments then keep the daemon's --group, and
+  // those users need to be in it to map them).
   std::optional<gid_t> segment_group() const;
 };
 

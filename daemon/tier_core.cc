@@ -24,10 +24,16 @@ struct TierCore::Namespace {
     uint32_t rank = 0;
     std::vector<uint32_t> page_rows;
     std::vector<uint32_t> snapshot_rows;
+    // Slots of device pool `device_pool` (daemon/device_pool.h).
+    uint32_t device_pool = 0;
+    std::vector<uint32_t> device_rows;
   };
   struct Lease {
     uint64_t session = 0;
     uint32_t node = 0;
+    // A pin in device pool `device_pool`'s tier (0: none).
+    uint32_t device_pool = 0;
+    uint64_t device_lease = 0;
   };
 
   // Immutable after construction.
@@ -156,7 +162,27 @@ absl::Status ParseOneHash(const std::string& bytes, uint32_t hash_bytes,
 }  // namespace
 
 TierCore::TierCore(TierOptions options)
-    : options_(std::move(options)), started_(absl::Now()) {}
+    : options_(std::move(options)), started_(absl::Now()) {
+  for (const DevicePoolExport& e : options_.device_pools) {
+    device_tiers_.push_back(std::make_unique<DeviceSnapshotTier>(
+        static_cast<uint32_t>(std::min<uint64_t>(e.rows, UINT32_MAX))));
+  }
+}
+
+std::string TierCore::DeviceKey(uint64_t namespace_id, uint32_t rank,
+                                const HashKey& hash, uint32_t hash_bytes) {
+  std::string key(sizeof(namespace_id) + sizeof(rank) + hash_bytes, '\0');
+  std::memcpy(key.data(), &namespace_id, sizeof(namespace_id));
+  std::memcpy(key.data() + sizeof(namespace_id), &rank, sizeof(rank));
+  std::memcpy(key.data() + sizeof(namespace_id) + sizeof(rank), hash.bytes.data(),
+              hash_bytes);
+  return key;
+}
+
+void TierCore::AbortDeviceRows(uint32_t pool,
+                               const std::vector<uint32_t>& rows) {
+  for (uint32_t row : rows) (void)device_tiers_[pool]->Abort(row);
+}
 
 TierCore::~TierCore() {
   if (state_lock_fd_ >= 0) ::close(state_lock_fd_);
@@ -204,6 +230,7 @@ void TierCore::CloseSession(uint64_t session_id) {
       auto& r = cur->second;
       (void)ns->index->FreePageRows(r.rank, r.page_rows);
       (void)ns->index->FreeSnapshotRows(r.rank, r.snapshot_rows);
+      AbortDeviceRows(r.device_pool, r.device_rows);
       ns->reserved_page_rows -= r.page_rows.size();
       ns->reserved_snapshot_rows -= r.snapshot_rows.size();
       ns->reservations.erase(cur);
@@ -213,6 +240,10 @@ void TierCore::CloseSession(uint64_t session_id) {
       auto cur = it++;
       if (cur->second.session != session_id) continue;
       (void)ns->index->Unpin(cur->second.node);
+      if (cur->second.device_lease != 0) {
+        (void)device_tiers_[cur->second.device_pool]->Release(
+            cur->second.device_lease);
+      }
       ns->leases.erase(cur);
       ++released;
     }
@@ -483,6 +514,16 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
   resp->set_page_rows(n.page_rows);
   resp->set_snapshot_rows(n.snapshot_rows);
   resp->set_max_replay_tokens(n.max_replay_tokens);
+  for (const DevicePoolExport& e : options_.device_pools) {
+    v1::DevicePool* p = resp->add_device_pools();
+    p->set_device_ordinal(e.device_ordinal);
+    p->set_pci_bus_id(e.pci_bus_id);
+    p->set_ipc_handle(e.ipc_handle);
+    p->set_rows(e.rows);
+    p->set_row_bytes(e.row_bytes);
+    p->set_row_stride(e.row_stride);
+    p->set_kind("snapshot");
+  }
   SPDLOG_INFO("session {:016x} attached to '{}' rank {}{}", req.session_id(),
               n.name, req.tp_rank(), created ? " (created)" : "");
   return absl::OkStatus();
@@ -517,10 +558,22 @@ absl::Status TierCore::Lookup(const v1::LookupRequest& req,
                               v1::LookupResponse* resp) {
   if (absl::Status s = CheckVersion(req.api_version()); !s.ok()) return s;
   LookupOutcome out;
+  if (req.has_device_pool() && req.device_pool() >= device_tiers_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device_pool: ", req.device_pool(), " but the daemon has ",
+        device_tiers_.size(), " device pools"));
+  }
+  const int device_pool =
+      req.has_device_pool() ? static_cast<int>(req.device_pool()) : -1;
   if (absl::Status s = LookupHashes(req.session_id(), req.namespace_id(),
-                                    req.hashes(), req.pin(), &out);
+                                    req.hashes(), req.pin(), &out,
+                                    device_pool);
       !s.ok()) {
     return s;
+  }
+  resp->set_has_device_snapshot(out.has_device_snapshot);
+  if (out.has_device_snapshot) {
+    resp->set_device_snapshot_row(out.device_snapshot_row);
   }
   resp->set_matched_pages(out.matched_pages);
   resp->set_usable_pages(out.usable_pages);
@@ -545,7 +598,7 @@ void TierCore::ApplyPendingTouches(Namespace& ns) {
 
 absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
                                     absl::string_view hashes, bool pin,
-                                    LookupOutcome* out) {
+                                    LookupOutcome* out, int device_pool) {
   uint32_t rank = 0;
   auto ns_or = Resolve(0, session_id, namespace_id, &rank);
   if (!ns_or.ok()) return ns_or.status();
@@ -600,6 +653,20 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
       count();
     }
   }
+  // The device tier serves the host's usable snapshot from HBM when it
+  // holds the same one: the pages up to it are the host's (pinned by the
+  // host lease), so the answer never outgrows what the host index vouches
+  // for.
+  auto device_hit = [&](bool pin_device) -> std::optional<
+                                             DeviceSnapshotTier::Hit> {
+    if (device_pool < 0 || !r.has_snapshot || r.usable_pages == 0) {
+      return std::nullopt;
+    }
+    const std::string key =
+        DeviceKey(ns.id, rank, keys[r.usable_pages - 1], ns.hash_bytes);
+    return device_tiers_[device_pool]->Lookup(absl::MakeConstSpan(&key, 1), 1,
+                                              pin_device);
+  };
   if (!pin) {
     if (flush) {
       absl::MutexLock lock(&ns.mu);
@@ -607,10 +674,14 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
     }
     out->matched_pages = r.matched_pages;
     out->usable_pages = r.usable_pages;
-    out->rows = std::move(r.rows);
     out->has_snapshot = r.has_snapshot;
     out->snapshot_row = r.has_snapshot ? r.snapshot_row : 0;
     out->lease_id = 0;
+    if (auto d = device_hit(false)) {
+      out->has_device_snapshot = true;
+      out->device_snapshot_row = d->row;
+    }
+    out->rows = std::move(r.rows);
     return absl::OkStatus();
   }
   absl::MutexLock lock(&ns.mu);
@@ -620,16 +691,23 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
   count();
   out->matched_pages = r.matched_pages;
   out->usable_pages = r.usable_pages;
-  out->rows = std::move(r.rows);
   out->has_snapshot = r.has_snapshot;
   out->snapshot_row = r.has_snapshot ? r.snapshot_row : 0;
   out->lease_id = 0;
   if (pin && r.usable_pages > 0 && r.pin_node != kNoNode) {
     const uint64_t lease = next_id_.fetch_add(1);
     ns.index->Pin(r.pin_node);
-    ns.leases[lease] = Namespace::Lease{session_id, r.pin_node};
+    Namespace::Lease l{session_id, r.pin_node};
+    if (auto d = device_hit(true)) {
+      out->has_device_snapshot = true;
+      out->device_snapshot_row = d->row;
+      l.device_pool = static_cast<uint32_t>(device_pool);
+      l.device_lease = d->lease_id;
+    }
+    ns.leases[lease] = l;
     out->lease_id = lease;
   }
+  out->rows = std::move(r.rows);
   return absl::OkStatus();
 }
 
@@ -640,9 +718,31 @@ absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
                        req.namespace_id(), &rank);
   if (!ns_or.ok()) return ns_or.status();
   Namespace& ns = **ns_or;
-  if (req.pages() == 0 && req.snapshots() == 0) {
+  if (req.pages() == 0 && req.snapshots() == 0 &&
+      req.device_snapshots() == 0) {
     return absl::InvalidArgumentError(
-        "pages, snapshots: reserve at least one row");
+        "pages, snapshots, device_snapshots: reserve at least one row");
+  }
+  if (req.device_snapshots() > 0) {
+    if (req.device_pool() >= device_tiers_.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device_pool: ", req.device_pool(), " but the daemon has ",
+          device_tiers_.size(),
+          " device pools (kvtierd --device_pool_bytes)"));
+    }
+    const DevicePoolExport& e = options_.device_pools[req.device_pool()];
+    if (ns.layout.snapshot_row_bytes() == 0 ||
+        ns.layout.snapshot_row_bytes() > e.row_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device_snapshots: the namespace's snapshots (",
+          ns.layout.snapshot_row_bytes(), " bytes) do not fit the device "
+          "pool's slots (", e.row_bytes, " bytes)"));
+    }
+    if (req.device_snapshots() > e.rows) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device_snapshots: ", req.device_snapshots(),
+          " exceeds the device pool's ", e.rows, " slots"));
+    }
   }
   if (req.pages() > ns.page_rows) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -670,6 +770,17 @@ absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
     }
     snaps = *std::move(s);
   }
+  std::vector<uint32_t> device_rows;
+  for (uint32_t i = 0; i < req.device_snapshots(); ++i) {
+    auto d = device_tiers_[req.device_pool()]->Reserve();
+    if (!d.ok()) {
+      AbortDeviceRows(req.device_pool(), device_rows);
+      (void)ns.index->FreePageRows(rank, pages);
+      (void)ns.index->FreeSnapshotRows(rank, snaps);
+      return d.status();
+    }
+    device_rows.push_back(*d);
+  }
   // The rows reach the engine only once the journal knows they may be
   // overwritten: replay then forgets whatever they held.
   if (ns.journal != nullptr) {
@@ -678,6 +789,7 @@ absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
         !s.ok()) {
       (void)ns.index->FreePageRows(rank, pages);
       (void)ns.index->FreeSnapshotRows(rank, snaps);
+      AbortDeviceRows(req.device_pool(), device_rows);
       return s;
     }
   }
@@ -687,14 +799,17 @@ absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
   resp->mutable_snapshot_rows()->Assign(snaps.begin(), snaps.end());
   ns.reserved_page_rows += pages.size();
   ns.reserved_snapshot_rows += snaps.size();
-  ns.reservations[id] = Namespace::Reservation{req.session_id(), rank,
-                                               std::move(pages),
-                                               std::move(snaps)};
+  resp->mutable_device_snapshot_rows()->Assign(device_rows.begin(),
+                                               device_rows.end());
+  ns.reservations[id] = Namespace::Reservation{
+      req.session_id(), rank,          std::move(pages),
+      std::move(snaps), req.device_pool(), std::move(device_rows)};
   return absl::OkStatus();
 }
 
 absl::Status TierCore::Commit(const v1::CommitRequest& req,
                               v1::CommitResponse* resp) {
+  if (req.mirror_indices_size() > 0) return AdoptMirror(req, resp);
   uint32_t rank = 0;
   auto ns_or = Resolve(req.api_version(), req.session_id(),
                        req.namespace_id(), &rank);
@@ -753,9 +868,48 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
     }
     placements.push_back(sp);
   }
-  if (keys.empty() && placements.empty()) {
+  std::vector<std::pair<uint32_t, std::string>> device_placements;
+  std::vector<bool> device_placed(r.device_rows.size(), false);
+  for (int i = 0; i < req.device_snapshots_size(); ++i) {
+    const auto& p = req.device_snapshots(i);
+    const std::string field = absl::StrCat("device_snapshots[", i, "]");
+    if (p.index() >= r.device_rows.size() || device_placed[p.index()]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".index: ", p.index(), " is not an unplaced one of the "
+          "reservation's ", r.device_rows.size(), " device snapshot rows"));
+    }
+    device_placed[p.index()] = true;
+    HashKey h;
+    if (absl::Status s =
+            ParseOneHash(p.hash(), ns.hash_bytes, field + ".hash", &h);
+        !s.ok()) {
+      return s;
+    }
+    device_placements.emplace_back(r.device_rows[p.index()],
+                                   DeviceKey(ns.id, rank, h, ns.hash_bytes));
+  }
+  if (keys.empty() && placements.empty() && device_placements.empty()) {
     return absl::InvalidArgumentError(
         "hashes, snapshots: nothing to commit (abort the reservation instead)");
+  }
+  if (keys.empty() && placements.empty()) {
+    // Device slots only: nothing for the host index or the journal (the
+    // device tier does not outlive the daemon).
+    for (const auto& [row, key] : device_placements) {
+      (void)device_tiers_[r.device_pool]->Commit(row, key);
+    }
+    for (size_t i = 0; i < device_placed.size(); ++i) {
+      if (!device_placed[i]) {
+        (void)device_tiers_[r.device_pool]->Abort(r.device_rows[i]);
+      }
+    }
+    (void)ns.index->FreePageRows(rank, r.page_rows);
+    (void)ns.index->FreeSnapshotRows(rank, r.snapshot_rows);
+    ns.reserved_page_rows -= r.page_rows.size();
+    ns.reserved_snapshot_rows -= r.snapshot_rows.size();
+    ns.reservations.erase(it);
+    resp->set_committed_device_snapshots(device_placements.size());
+    return absl::OkStatus();
   }
   auto result = ns.index->Commit(rank, has_parent ? &parent : nullptr, keys,
                                  r.page_rows, placements);
@@ -785,12 +939,121 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
   ns.reserved_snapshot_rows -= r.snapshot_rows.size();
   ns.committed_pages += result->committed_pages;
   ns.committed_snapshots += result->committed_snapshots;
+  for (const auto& [row, key] : device_placements) {
+    (void)device_tiers_[r.device_pool]->Commit(row, key);
+  }
+  for (size_t i = 0; i < device_placed.size(); ++i) {
+    if (!device_placed[i]) {
+      (void)device_tiers_[r.device_pool]->Abort(r.device_rows[i]);
+    }
+  }
   ns.reservations.erase(it);
+  resp->set_committed_device_snapshots(device_placements.size());
   if (!journaled.ok()) return journaled;
   resp->set_committed_pages(result->committed_pages);
   resp->set_deduplicated_pages(result->deduplicated_pages);
   resp->set_committed_snapshots(result->committed_snapshots);
   resp->set_deduplicated_snapshots(result->deduplicated_snapshots);
+  return absl::OkStatus();
+}
+
+absl::Status TierCore::AdoptMirror(const v1::CommitRequest& req,
+                                   v1::CommitResponse* resp) {
+  uint32_t rank = 0;
+  auto ns_or = Resolve(req.api_version(), req.session_id(),
+                       req.namespace_id(), &rank);
+  if (!ns_or.ok()) return ns_or.status();
+  Namespace& ns = **ns_or;
+  std::vector<HashKey> keys;
+  if (absl::Status s = ParseHashes(req.hashes(), ns.hash_bytes,
+                                   kMaxReservePages, "hashes", &keys);
+      !s.ok()) {
+    return s;
+  }
+  if (keys.empty()) {
+    return absl::InvalidArgumentError("hashes: nothing to adopt");
+  }
+  if (req.snapshots_size() > 0 || req.device_snapshots_size() > 0) {
+    return absl::InvalidArgumentError(
+        "snapshots, device_snapshots: not supported with mirror_indices");
+  }
+  if (static_cast<size_t>(req.mirror_indices_size()) != keys.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "mirror_indices: ", req.mirror_indices_size(), " indices for ",
+        keys.size(), " hashes"));
+  }
+  HashKey parent;
+  const bool has_parent = !req.parent_hash().empty();
+  if (has_parent) {
+    if (absl::Status s = ParseOneHash(req.parent_hash(), ns.hash_bytes,
+                                      "parent_hash", &parent);
+        !s.ok()) {
+      return s;
+    }
+  }
+  absl::MutexLock lock(&ns.mu);
+  auto it = ns.reservations.find(req.reservation_id());
+  if (it == ns.reservations.end() ||
+      it->second.session != req.session_id()) {
+    return absl::NotFoundError(
+        absl::StrCat("reservation_id: no mirror reservation ",
+                     req.reservation_id(), " of this session in namespace '",
+                     ns.name, "'"));
+  }
+  // Mirror rows are reserved, never committed: the allocation below cannot
+  // evict them.
+  const std::vector<uint32_t> mirror_rows = it->second.page_rows;
+  std::vector<uint32_t> sources;
+  sources.reserve(keys.size());
+  for (int i = 0; i < req.mirror_indices_size(); ++i) {
+    const uint32_t k = req.mirror_indices(i);
+    if (k >= mirror_rows.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "mirror_indices[", i, "]: ", k, " is not below the mirror's ",
+          mirror_rows.size(), " rows"));
+    }
+    sources.push_back(mirror_rows[k]);
+  }
+  ApplyPendingTouches(ns);  // Evictions must see every lookup's recency.
+  ++ns.evict_epoch;         // Allocation may evict.
+  auto rows_or = ns.index->AllocatePageRows(rank, keys.size());
+  if (!rows_or.ok()) return rows_or.status();
+  std::vector<uint32_t> rows = *std::move(rows_or);
+  if (ns.journal != nullptr) {
+    if (absl::Status s =
+            JournalLocked(ns, ns.journal->AppendReserve(rank, rows, {}));
+        !s.ok()) {
+      (void)ns.index->FreePageRows(rank, rows);
+      return s;
+    }
+  }
+  // Host to host, every page bank (the snapshot segment, last when hybrid,
+  // is not a page bank).
+  const size_t page_banks = ns.layout.page_banks_size();
+  for (size_t b = 0; b < page_banks; ++b) {
+    const shm::Segment& seg = *ns.segments[rank][b];
+    const uint64_t row_bytes = ns.layout.page_banks(b).row_bytes();
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::memcpy(seg.row(rows[i]), seg.row(sources[i]), row_bytes);
+    }
+  }
+  auto result = ns.index->Commit(rank, has_parent ? &parent : nullptr, keys,
+                                 rows, {});
+  if (!result.ok()) {
+    (void)ns.index->FreePageRows(rank, rows);
+    return result.status();
+  }
+  absl::Status journaled;
+  if (ns.journal != nullptr) {
+    journaled = JournalLocked(
+        ns, ns.journal->AppendCommit(rank, has_parent ? &parent : nullptr, keys,
+                                     rows, {}, result->freed_page_rows,
+                                     result->freed_snapshot_rows));
+  }
+  ns.committed_pages += result->committed_pages;
+  if (!journaled.ok()) return journaled;
+  resp->set_committed_pages(result->committed_pages);
+  resp->set_deduplicated_pages(result->deduplicated_pages);
   return absl::OkStatus();
 }
 
@@ -811,6 +1074,7 @@ absl::Status TierCore::Abort(const v1::AbortRequest& req, v1::AbortResponse*) {
   auto& r = it->second;
   absl::Status s1 = ns.index->FreePageRows(r.rank, r.page_rows);
   absl::Status s2 = ns.index->FreeSnapshotRows(r.rank, r.snapshot_rows);
+  AbortDeviceRows(r.device_pool, r.device_rows);
   ns.reserved_page_rows -= r.page_rows.size();
   ns.reserved_snapshot_rows -= r.snapshot_rows.size();
   ns.reservations.erase(it);
@@ -834,6 +1098,10 @@ absl::Status TierCore::Release(const v1::ReleaseRequest& req,
                      " of this session in namespace '", ns.name, "'"));
   }
   absl::Status s = ns.index->Unpin(it->second.node);
+  if (it->second.device_lease != 0) {
+    (void)device_tiers_[it->second.device_pool]->Release(
+        it->second.device_lease);
+  }
   ns.leases.erase(it);
   if (!s.ok()) return absl::InternalError(s.message());
   return absl::OkStatus();
@@ -888,6 +1156,14 @@ absl::Status TierCore::Drop(const v1::DropRequest& req,
       PrefixIndex::Usage u = ns->index->GetUsage();
       resp->set_dropped_pages(u.nodes);
       resp->set_dropped_snapshots(u.snapshots);
+      for (const auto& [id, l] : ns->leases) {
+        if (l.device_lease != 0) {
+          (void)device_tiers_[l.device_pool]->Release(l.device_lease);
+        }
+      }
+      for (const auto& [id, r] : ns->reservations) {
+        AbortDeviceRows(r.device_pool, r.device_rows);
+      }
       ns->leases.clear();
       ns->reservations.clear();
       ns->reserved_page_rows = 0;

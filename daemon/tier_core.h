@@ -35,6 +35,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/device_pool.h"
 #include "daemon/journal.h"
 #include "daemon/namespace_layout.h"
 #include "daemon/peer_credentials.h"
@@ -75,6 +76,10 @@ struct TierOptions {
   // with an empty index.
   std::string state_dir;
   JournalOptions journal;
+  // The daemon's device pools (daemon/device_pool.h), handed to every
+  // Attach; empty unless kvtierd --device_pool_bytes > 0. Their owner
+  // (kvtierd's main) outlives the TierCore.
+  std::vector<DevicePoolExport> device_pools;
 };
 
 
@@ -111,11 +116,16 @@ class TierCore {
     bool has_snapshot = false;
     uint32_t snapshot_row = 0;
     uint64_t lease_id = 0;
+    // The snapshot at usable_pages-1 is also in the requested device pool.
+    bool has_device_snapshot = false;
+    uint32_t device_snapshot_row = 0;
   };
   // Lookup over packed `hashes`, with the same checks and effects.
+  // `device_pool` >= 0 (REQUIRES: below the number of device pools) also
+  // consults that pool's device tier, pinning its slot under the lease.
   absl::Status LookupHashes(uint64_t session_id, uint64_t namespace_id,
                             absl::string_view hashes, bool pin,
-                            LookupOutcome* out);
+                            LookupOutcome* out, int device_pool = -1);
   // True when `session_id` is an open session.
   bool SessionOpen(uint64_t session_id);
   // Binds the kernel's record of the session's peer (SO_PEERCRED of a
@@ -126,8 +136,15 @@ class TierCore {
   absl::Status BindPeerCredentials(uint64_t session_id, const PeerInfo& peer);
   absl::Status Reserve(const v1::ReserveRequest& request,
                        v1::ReserveResponse* response);
+  // With mirror_indices set: AdoptMirror.
   absl::Status Commit(const v1::CommitRequest& request,
                       v1::CommitResponse* response);
+  // Commit of a mirror: copies the session's mirror rows (reservation_id's
+  // page_rows at mirror_indices) host-to-host, bank by bank, into newly
+  // allocated rows and commits those under the hashes. The mirror
+  // reservation is unchanged. Nothing goes through a GPU.
+  absl::Status AdoptMirror(const v1::CommitRequest& request,
+                           v1::CommitResponse* response);
   absl::Status Abort(const v1::AbortRequest& request,
                      v1::AbortResponse* response);
   absl::Status Release(const v1::ReleaseRequest& request,
@@ -228,9 +245,18 @@ class TierCore {
   // namespace's current state makes the change durable anyway, else
   // UNAVAILABLE naming the journal. No journal: OK. REQUIRES: ns.mu held.
   absl::Status JournalLocked(Namespace& ns, absl::Status appended);
+  // The device tier's key of a snapshot: namespace id, rank and hash, so
+  // namespaces share a pool's slots without ever matching each other.
+  static std::string DeviceKey(uint64_t namespace_id, uint32_t rank,
+                               const HashKey& hash, uint32_t hash_bytes);
+  // Returns reserved device slots of pool `pool`.
+  void AbortDeviceRows(uint32_t pool, const std::vector<uint32_t>& rows);
 
   const TierOptions options_;
   const absl::Time started_;
+  // One device-tier index per device pool (options_.device_pools order);
+  // each is thread-safe and locked after any Namespace::mu (a leaf).
+  std::vector<std::unique_ptr<DeviceSnapshotTier>> device_tiers_;
   std::atomic<uint64_t> next_id_{1};
 
   absl::Mutex mu_;

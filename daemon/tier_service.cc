@@ -17,11 +17,27 @@ namespace {
 // writes nor OnDone against them, so the few fields shared between the
 // reactions are guarded by mu_.
 class SessionReactor
-    : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent> {
+    : public grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>,
+      public SessionDrainer {
  public:
-  SessionReactor(TierCore* core, const std::string& fast_lookup_socket)
-      : core_(core), fast_lookup_socket_(fast_lookup_socket) {
+  SessionReactor(TierCore* core, TierService* service,
+                 const std::string& fast_lookup_socket)
+      : core_(core), service_(service), fast_lookup_socket_(fast_lookup_socket) {
+    draining_.mutable_draining();
+    service_->Register(this);
     StartRead(&request_);
+  }
+
+  void SendDraining() override {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || draining_sent_ || session_id_ == 0) return;
+    if (write_in_flight_) {
+      draining_pending_ = true;  // OnWriteDone sends it.
+      return;
+    }
+    draining_sent_ = true;
+    write_in_flight_ = true;
+    StartWrite(&draining_);
   }
 
   void OnReadDone(bool ok) override {
@@ -61,7 +77,11 @@ class SessionReactor
           FinishOnce(error);
           return;
         }
-        StartWrite(&event_);
+        {
+          absl::MutexLock lock(&mu_);
+          write_in_flight_ = true;
+          StartWrite(&event_);
+        }
         break;
       }
       case v1::SessionRequest::kHeartbeat:
@@ -75,9 +95,19 @@ class SessionReactor
     StartRead(&request_);
   }
 
-  void OnWriteDone(bool /*ok*/) override {}
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    write_in_flight_ = false;
+    if (ok && draining_pending_ && !draining_sent_ && !finished_) {
+      draining_pending_ = false;
+      draining_sent_ = true;
+      write_in_flight_ = true;
+      StartWrite(&draining_);
+    }
+  }
 
   void OnDone() override {
+    service_->Unregister(this);
     uint64_t id;
     {
       absl::MutexLock lock(&mu_);
@@ -96,12 +126,18 @@ class SessionReactor
   }
 
   TierCore* const core_;
+  TierService* const service_;
   const std::string fast_lookup_socket_;
   v1::SessionRequest request_;  // Only touched by the read chain.
   v1::SessionEvent event_;      // Written once, before its StartWrite.
+  v1::SessionEvent draining_;   // Immutable after construction.
   absl::Mutex mu_;
   uint64_t session_id_ ABSL_GUARDED_BY(mu_) = 0;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // One write at a time: Opened, then (at shutdown) Draining.
+  bool write_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_pending_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_sent_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 template <typename Req, typename Resp>
@@ -116,7 +152,22 @@ grpc::ServerUnaryReactor* Unary(grpc::CallbackServerContext* context,
 
 grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>*
 TierService::Session(grpc::CallbackServerContext* /*context*/) {
-  return new SessionReactor(core_, fast_lookup_socket_);
+  return new SessionReactor(core_, this, fast_lookup_socket_);
+}
+
+void TierService::Register(SessionDrainer* session) {
+  absl::MutexLock lock(&sessions_mu_);
+  sessions_.insert(session);
+}
+
+void TierService::Unregister(SessionDrainer* session) {
+  absl::MutexLock lock(&sessions_mu_);
+  sessions_.erase(session);
+}
+
+void TierService::DrainSessions() {
+  absl::MutexLock lock(&sessions_mu_);
+  for (SessionDrainer* s : sessions_) s->SendDraining();
 }
 
 // Lookup, Commit and Attach are timed into the metrics' histograms.

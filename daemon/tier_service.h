@@ -13,10 +13,21 @@
 #include <string>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/tier_core.h"
 #include "kvtier/v1/tier.grpc.pb.h"
 
 namespace kvtier::daemon {
+
+// What the service needs of an open Session stream at shutdown.
+class SessionDrainer {
+ public:
+  virtual ~SessionDrainer() = default;
+  // Sends the Draining event (once; after Opened if that is still being
+  // written). Thread-safe.
+  virtual void SendDraining() = 0;
+};
 
 class TierService final : public v1::TierService::CallbackService {
  public:
@@ -63,9 +74,20 @@ class TierService final : public v1::TierService::CallbackService {
                                    const v1::VerifyRequest* request,
                                    v1::VerifyResponse* response) override;
 
+  // Tells every open Session stream the daemon is stopping (the Draining
+  // event), so engines finish what they do and reconnect to the next
+  // daemon. Call before grpc::Server::Shutdown.
+  void DrainSessions();
+
+  // Open Session streams register here while they live.
+  void Register(SessionDrainer* session);
+  void Unregister(SessionDrainer* session);
+
  private:
   TierCore* const core_;
   const std::string fast_lookup_socket_;
+  absl::Mutex sessions_mu_;
+  absl::flat_hash_set<SessionDrainer*> sessions_ ABSL_GUARDED_BY(sessions_mu_);
 };
 
 }  // namespace kvtier::daemon

@@ -187,6 +187,10 @@ absl::Status DaemonProcess::Stop() {
   return absl::OkStatus();
 }
 
+void DaemonProcess::Signal(int sig) {
+  if (child_ != nullptr) child_->Signal(sig);
+}
+
 void DaemonProcess::Kill() {
   if (child_ == nullptr) return;
   child_->Signal(SIGKILL);

@@ -64,6 +64,8 @@ class DaemonProcess {
   absl::Status Stop();
   // SIGKILL and wait.
   void Kill();
+  // Sends `sig` to the daemon without waiting.
+  void Signal(int sig);
 
   const std::string& socket() const { return socket_; }
   const std::string& shm_dir() const { return shm_dir_; }

@@ -41,6 +41,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "gmock/gmock.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
@@ -179,6 +180,12 @@ int OpenErrno(const std::string& path) {
   return EACCES;
 }
 
+// Notes `s` in the child's report and returns `code` (its exit code).
+int Failed(std::string* out, const absl::Status& s, int code) {
+  *out += s.ToString() + "\n";
+  return code;
+}
+
 constexpr uint32_t kPages = 8;
 
 // Attaches to `ns` with `salt`, commits kPages pages of `seed`'s tokens with
@@ -186,15 +193,15 @@ constexpr uint32_t kPages = 8;
 int Commit(const std::string& socket, const std::string& ns,
            const std::string& salt, uint64_t pattern_seed, std::string* out) {
   auto client = Client::Connect({.socket = socket, .client_name = "iso"});
-  if (!client.ok()) return *out += client.status().ToString(), 10;
+  if (!client.ok()) return Failed(out, client.status(), 10);
   AttachOptions o = TestAttachOptions(ns);
   o.tenant_salt = salt;
   auto n = (*client)->Attach(o);
-  if (!n.ok()) return *out += n.status().ToString(), 11;
+  if (!n.ok()) return Failed(out, n.status(), 11);
   const std::string hashes =
       (*n)->hasher().HashChain(TestTokens(1, kPages * 16));
   auto res = (*n)->Reserve(kPages);
-  if (!res.ok()) return *out += res.status().ToString(), 12;
+  if (!res.ok()) return Failed(out, res.status(), 12);
   for (uint32_t i = 0; i < kPages; ++i) {
     for (size_t b = 0; b < (*n)->page_banks().size(); ++b) {
       const auto& bank = (*n)->page_banks()[b];
@@ -203,7 +210,7 @@ int Commit(const std::string& socket, const std::string& ns,
     }
   }
   auto c = res->Commit("", hashes);
-  if (!c.ok()) return *out += c.status().ToString(), 13;
+  if (!c.ok()) return Failed(out, c.status(), 13);
   *out += absl::StrCat("CHAIN ", absl::BytesToHexString(hashes), "\n");
   return 0;
 }
@@ -214,15 +221,15 @@ int Commit(const std::string& socket, const std::string& ns,
 int Find(const std::string& socket, const std::string& ns,
          const std::string& salt, uint64_t pattern_seed, std::string* out) {
   auto client = Client::Connect({.socket = socket, .client_name = "iso"});
-  if (!client.ok()) return *out += client.status().ToString(), 10;
+  if (!client.ok()) return Failed(out, client.status(), 10);
   AttachOptions o = TestAttachOptions(ns);
   o.tenant_salt = salt;
   auto n = (*client)->Attach(o);
-  if (!n.ok()) return *out += n.status().ToString(), 11;
+  if (!n.ok()) return Failed(out, n.status(), 11);
   const std::string hashes =
       (*n)->hasher().HashChain(TestTokens(1, kPages * 16));
   auto lease = (*n)->Lookup(hashes, /*pin=*/true);
-  if (!lease.ok()) return *out += lease.status().ToString(), 12;
+  if (!lease.ok()) return Failed(out, lease.status(), 12);
   *out += absl::StrCat("MATCHED ", lease->matched_pages(), "\n");
   if (lease->matched_pages() == kPages) {
     bool same = true;
@@ -352,7 +359,7 @@ TEST_F(IsolationTest, OtherUsersCanNeitherAttachNorMapSegments) {
       if (err != EACCES) ++bad;
     }
     auto client = Client::Connect({.socket = sock, .client_name = "b"});
-    if (!client.ok()) return *out += client.status().ToString(), 50;
+    if (!client.ok()) return Failed(out, client.status(), 50);
     auto ns = (*client)->Attach(TestAttachOptions("team"));
     *out += "Attach(team): " + ns.status().ToString() + "\n";
     if (ns.status().code() != absl::StatusCode::kPermissionDenied) ++bad;

@@ -2,6 +2,8 @@
 // service reports SERVING, server reflection lists and describes TierService
 // (what grpcurl relies on), and the Session stream rejects bad input with a
 // clear status.
+#include <signal.h>
+
 #include <memory>
 
 #include "absl/time/clock.h"
@@ -140,6 +142,27 @@ TEST_F(ServiceTest, SessionStreamRejectsBadInput) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_EQ(stats.sessions(), 0u);
+}
+
+TEST_F(ServiceTest, SigtermSendsDrainingToOpenSessions) {
+  auto stub = v1::TierService::NewStub(channel_);
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  auto stream = stub->Session(&ctx);
+  v1::SessionRequest hello;
+  hello.mutable_hello()->set_client_name("drain");
+  ASSERT_TRUE(stream->Write(hello));
+  v1::SessionEvent event;
+  ASSERT_TRUE(stream->Read(&event));
+  ASSERT_TRUE(event.has_opened());
+  daemon_.Signal(SIGTERM);
+  ASSERT_TRUE(stream->Read(&event)) << "stream ended without Draining";
+  EXPECT_TRUE(event.has_draining());
+  // Then the stream ends: the engine reconnects to the next daemon.
+  while (stream->Read(&event)) {
+  }
+  stream->Finish();
+  EXPECT_TRUE(daemon_.Stop().ok());
 }
 
 }  // namespace

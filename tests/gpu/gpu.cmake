@@ -33,3 +33,49 @@ if(KVTIER_HAVE_CUDA)
     RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/gpu)
   add_dependencies(gpu_multiprocess_test kvtier_gpu_engine kvtierd)
 endif()
+
+# Sparse-attention offload: mirror store and ensure against their references.
+if(KVTIER_HAVE_CUDA)
+  kvtier_test(mirror_gpu_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/mirror_gpu_test.cc
+    LIBS kvtier_kernels CUDA::cudart_static
+    LABELS gpu)
+  set_target_properties(mirror_gpu_test PROPERTIES
+    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/gpu)
+endif()
+
+# The daemon-owned device pool (kvtierd --device_pool_bytes): an engine
+# killed while holding it, a restore device-to-device in a new process, the
+# daemon's stop seen as UNAVAILABLE; and a TP=2 group across two GPUs
+# (skips with fewer).
+if(KVTIER_HAVE_CUDA)
+  add_executable(kvtier_device_pool_engine
+    ${CMAKE_CURRENT_LIST_DIR}/device_pool_engine_main.cc)
+  kvtier_target_options(kvtier_device_pool_engine)
+  target_link_libraries(kvtier_device_pool_engine PRIVATE kvtier_client
+    CUDA::cudart_static)
+  set_target_properties(kvtier_device_pool_engine PROPERTIES
+    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/gpu)
+  foreach(t device_pool_gpu_test tp2_gpu_test)
+    kvtier_test(${t} SOURCES ${CMAKE_CURRENT_LIST_DIR}/${t}.cc
+      LIBS kvtier_test_support CUDA::cudart_static
+      LABELS gpu)
+    target_compile_definitions(${t} PRIVATE
+      KVTIER_DEVICE_POOL_ENGINE_PATH="$<TARGET_FILE:kvtier_device_pool_engine>")
+    set_target_properties(${t} PROPERTIES
+      RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/gpu)
+    add_dependencies(${t} kvtier_device_pool_engine kvtierd)
+  endforeach()
+endif()
+
+# Adoption of a mirror into the prefix index around a real kvtierd; the
+# host-written case runs without a device.
+if(KVTIER_HAVE_CUDA)
+  kvtier_test(mirror_adopt_gpu_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/mirror_adopt_gpu_test.cc
+    LIBS kvtier_client kvtier_test_support CUDA::cudart_static
+    LABELS gpu)
+  set_target_properties(mirror_adopt_gpu_test PROPERTIES
+    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/gpu)
+  add_dependencies(mirror_adopt_gpu_test kvtierd kvtier_test_client)
+endif()

@@ -126,6 +126,19 @@ struct SnapshotPlacement {
   std::string hash;
 };
 
+// A daemon-owned GPU pool of snapshot slots (kvtierd --device_pool_bytes),
+// as Attach reported it; open it with kvtier::DevicePoolHandle
+// (kvtier/device_pool_client.h). Valid only for the daemon session that
+// reported it: after a daemon restart, attach again.
+struct DevicePoolInfo {
+  int device_ordinal = 0;   // In the daemon's CUDA numbering.
+  std::string pci_bus_id;   // Match GPUs by this.
+  std::string ipc_handle;   // 64 bytes: a cudaIpcMemHandle_t.
+  uint64_t rows = 0;
+  uint64_t row_bytes = 0;
+  uint64_t row_stride = 0;
+};
+
 // The answer of a Lookup. When pinned, the rows stay valid until Release
 // (or the destructor, or the session's end).
 class Lease {
@@ -140,6 +153,10 @@ class Lease {
   absl::Span<const uint32_t> rows() const { return rows_; }
   bool has_snapshot() const { return has_snapshot_; }
   uint32_t snapshot_row() const { return snapshot_row_; }
+  // The same snapshot is also in the device pool the lookup named, in this
+  // slot (pinned with the lease): restore it device-to-device.
+  bool has_device_snapshot() const { return has_device_snapshot_; }
+  uint32_t device_snapshot_row() const { return device_snapshot_row_; }
   bool pinned() const { return lease_id_ != 0; }
 
   // Releases the pin now. REQUIRES: the engine's copies from these rows have
@@ -160,6 +177,8 @@ class Lease {
   std::vector<uint32_t> rows_;
   bool has_snapshot_ = false;
   uint32_t snapshot_row_ = 0;
+  bool has_device_snapshot_ = false;
+  uint32_t device_snapshot_row_ = 0;
 };
 
 // Rows reserved for writing; invisible until Commit. The destructor aborts a
@@ -176,13 +195,21 @@ class Reservation {
   uint32_t hash_bytes() const;
   absl::Span<const uint32_t> page_rows() const { return page_rows_; }
   absl::Span<const uint32_t> snapshot_rows() const { return snapshot_rows_; }
+  // Slots of the device pool named at Reserve.
+  absl::Span<const uint32_t> device_snapshot_rows() const {
+    return device_snapshot_rows_;
+  }
 
   // Makes the rows visible under `hashes` (one per page row, packed; see
   // BlockHasher) below `parent_hash` (empty: first pages). REQUIRES: the
   // rows are fully written (else use CommitAfter).
+  // `device_snapshots` place device slots (index into
+  // device_snapshot_rows()) the same way; a device slot is served only where
+  // the host index holds the same snapshot.
   absl::StatusOr<CommitResult> Commit(
       std::string_view parent_hash, std::string_view hashes,
-      const std::vector<SnapshotPlacement>& snapshots = {});
+      const std::vector<SnapshotPlacement>& snapshots = {},
+      const std::vector<SnapshotPlacement>& device_snapshots = {});
   // Commits once the work queued on `stream` so far has finished, without
   // blocking the calling thread: the stream's host callback hands the commit
   // to libkvtier's worker thread. The future holds the result.
@@ -198,6 +225,7 @@ class Reservation {
   uint64_t epoch_ = 0;  // The session (Connection::epoch) that reserved it.
   std::vector<uint32_t> page_rows_;
   std::vector<uint32_t> snapshot_rows_;
+  std::vector<uint32_t> device_snapshot_rows_;
 };
 
 class Namespace {
@@ -218,14 +246,40 @@ class Namespace {
   // Seconds spent mapping and registering the banks at attach.
   double map_seconds() const;
   double register_seconds() const;
+  // The daemon's device pools as the first Attach reported them (empty
+  // unless kvtierd runs with --device_pool_bytes).
+  const std::vector<DevicePoolInfo>& device_pools() const;
+  // True while the daemon session that reported device_pools() is the
+  // current, open one; false forever once it ends (the daemon stopped or
+  // restarted: its GPU memory is gone).
+  bool device_pools_valid() const;
 
   // Longest cached run of `hashes` (packed chain, hash_bytes each). While the
   // daemon is unreachable (or restarted and not yet re-attached): a miss, an
   // empty unpinned Lease. Errors only for a bad request (INVALID_ARGUMENT
   // naming the field) and refusals unrelated to an outage.
   absl::StatusOr<Lease> Lookup(std::string_view hashes, bool pin = true);
-  // UNAVAILABLE while the daemon is unreachable or not re-attached.
-  absl::StatusOr<Reservation> Reserve(uint32_t pages, uint32_t snapshots = 0);
+  // Lookup that also asks device pool `device_pool` (index into
+  // device_pools()) for the usable snapshot (Lease::has_device_snapshot).
+  // Always over gRPC. While !device_pools_valid(): a host-only Lookup.
+  absl::StatusOr<Lease> LookupWithDevice(std::string_view hashes,
+                                         uint32_t device_pool,
+                                         bool pin = true);
+  // UNAVAILABLE while the daemon is unreachable or not re-attached;
+  // with device_snapshots > 0 also while !device_pools_valid().
+  absl::StatusOr<Reservation> Reserve(uint32_t pages, uint32_t snapshots = 0,
+                                      uint32_t device_snapshots = 0,
+                                      uint32_t device_pool = 0);
+  // Commits pages of a write-through mirror (a reservation of this session,
+  // see kvtier/mirror.h) into the prefix index: the daemon copies the rows
+  // mirror.page_rows()[mirror_indices[i]] host-to-host into fresh rows and
+  // commits them under `hashes` (packed, one per index) below `parent_hash`.
+  // `mirror` stays reserved. REQUIRES: those rows are fully written.
+  // UNAVAILABLE while the daemon is unreachable or when `mirror` belongs to
+  // an ended session.
+  absl::StatusOr<CommitResult> AdoptMirror(
+      const Reservation& mirror, absl::Span<const uint32_t> mirror_indices,
+      std::string_view parent_hash, std::string_view hashes);
 
   // A transfer engine over this namespace's banks and the engine's GPU pool
   // (client::Backend::kCuda), or over host memory (kReference, for tests).

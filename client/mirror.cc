@@ -1,0 +1,276 @@
+// kvtier::Mirror: the client side of the sparse-attention offload. Turns the
+// engine's pool descriptor and the namespace's banks into the mirror store's
+// and the ensure copy's segment tables once, owns the mirror reservation and
+// the ensure state, and enqueues the kernels (kernels/sparse_offload*.h).
+//
+// Thread-safety: one thread and one stream at a time (see mirror.h).
+
+#include "kvtier/mirror.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/sparse_offload.h"
+#include "kvtier/client.h"
+
+#if KVTIER_HAVE_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/sparse_offload_launch.h"
+#endif
+
+namespace kvtier {
+
+static_assert(sizeof(MirrorStoreEntry) == sizeof(kernels::MirrorEntry));
+
+struct Mirror::Impl {
+  // Immutable after Create.
+  Namespace* ns = nullptr;
+  Reservation reservation;
+  MirrorOptions options;
+  kernels::MirrorStoreParams store;
+  kernels::EnsureCopyParams copy;
+  kernels::EnsureState state;
+  uint32_t* d_rows = nullptr;  // [L] logical -> row
+  unsigned long long* d_store_drops = nullptr;
+#if KVTIER_HAVE_CUDA
+  int device = 0;
+#endif
+};
+
+Mirror::Mirror(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+namespace {
+
+// Fills the segment tables from the pool and the banks.
+absl::Status BuildSegments(const Namespace& ns, const GpuPoolDescriptor& pool,
+                           kernels::MirrorStoreParams* store,
+                           kernels::EnsureCopyParams* copy) {
+  const auto& banks = ns.page_banks();
+  const uint32_t tpp = ns.layout().tokens_per_page;
+  if (pool.banks.size() != banks.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool.banks: ", pool.banks.size(),
+                     " banks, the namespace has ", banks.size()));
+  }
+  uint32_t n = 0;
+  uint32_t chunks = 0;
+  for (size_t b = 0; b < banks.size(); ++b) {
+    if (pool.banks[b].bank != banks[b].name) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pool.banks[", b, "].bank: '", pool.banks[b].bank,
+                       "', the namespace's bank is '", banks[b].name, "'"));
+    }
+    uint64_t offset = 0;
+    for (size_t t = 0; t < pool.banks[b].tensors.size(); ++t) {
+      const PoolTensor& pt = pool.banks[b].tensors[t];
+      const std::string field =
+          absl::StrCat("pool.banks[", b, "].tensors[", t, "]");
+      if (n >= kernels::kMaxMirrorSegments) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            field, ": more than ", kernels::kMaxMirrorSegments, " tensors"));
+      }
+      if (pt.bytes_per_page == 0 || pt.bytes_per_page >= (1ull << 32)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".bytes_per_page: ", pt.bytes_per_page,
+                         " is not in [1, 2^32)"));
+      }
+      // A tensor that does not split into tokens is mirrored whole on every
+      // store of one of its page's tokens.
+      const bool per_page = pt.bytes_per_page % tpp != 0;
+      const uint64_t host = reinterpret_cast<uint64_t>(banks[b].base) + offset;
+      store->segments[n] = {
+          .pool_base = pt.base,
+          .pool_page_stride = pt.page_stride,
+          .bank_base = host,
+          .bank_row_stride = banks[b].row_stride,
+          .bytes_per_token = static_cast<uint32_t>(
+              per_page ? pt.bytes_per_page : pt.bytes_per_page / tpp),
+          .per_page = per_page ? 1u : 0u};
+      copy->segments[n] = {.gpu_base = pt.base,
+                           .gpu_stride = pt.page_stride,
+                           .host_base = host,
+                           .host_stride = banks[b].row_stride,
+                           .bytes = static_cast<uint32_t>(pt.bytes_per_page),
+                           .chunk_begin = chunks};
+      chunks +=
+          static_cast<uint32_t>((pt.bytes_per_page + kernels::kChunkBytes - 1) /
+                                kernels::kChunkBytes);
+      offset += pt.bytes_per_page;
+      ++n;
+    }
+    if (offset != banks[b].row_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "pool.banks[", b, "]: tensors add up to ", offset,
+          " bytes per page, the bank's rows hold ", banks[b].row_bytes));
+    }
+  }
+  if (n == 0) {
+    return absl::InvalidArgumentError("pool.banks: no tensors");
+  }
+  store->header.num_segments = n;
+  store->header.tokens_per_page = tpp;
+  copy->header.num_segments = n;
+  copy->header.chunks_per_item = chunks;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Mirror>> Mirror::Create(
+    Namespace& ns, const GpuPoolDescriptor& pool, const MirrorOptions& o,
+    void* stream) {
+  const kernels::EnsureConfig config{.num_slots = o.gpu_slots,
+                                     .num_logical = o.logical_pages,
+                                     .max_batch = o.max_batch,
+                                     .max_selected = o.max_selected};
+  if (absl::Status s = kernels::CheckEnsureConfig(config); !s.ok()) return s;
+  if (o.gpu_slots > pool.num_pages) {
+    return absl::InvalidArgumentError(absl::StrCat("gpu_slots: ", o.gpu_slots,
+                                                   " exceeds pool.num_pages ",
+                                                   pool.num_pages));
+  }
+  if (o.max_store_entries == 0) {
+    return absl::InvalidArgumentError("max_store_entries: must be > 0");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->ns = &ns;
+  impl->options = o;
+  if (absl::Status s = BuildSegments(ns, pool, &impl->store, &impl->copy);
+      !s.ok()) {
+    return s;
+  }
+#if !KVTIER_HAVE_CUDA
+  (void)stream;
+  return absl::FailedPreconditionError(
+      "Mirror: libkvtier was built without CUDA");
+#else
+  if (!ns.cuda_registered()) {
+    return absl::FailedPreconditionError(
+        "Mirror: the namespace's banks are not registered with CUDA");
+  }
+  auto res = ns.Reserve(o.logical_pages);
+  if (!res.ok()) return res.status();
+  impl->reservation = *std::move(res);
+  int previous = 0;
+  cudaGetDevice(&previous);
+  impl->device = pool.device;
+  if (cudaSetDevice(pool.device) != cudaSuccess) {
+    cudaGetLastError();
+    return absl::InvalidArgumentError(
+        absl::StrCat("pool.device: cannot use device ", pool.device));
+  }
+  auto fail = [&](absl::Status s) {
+    cudaFree(impl->d_rows);
+    cudaFree(impl->d_store_drops);
+    cudaSetDevice(previous);
+    return s;
+  };
+  const auto rows = impl->reservation.page_rows();
+  if (cudaMalloc(&impl->d_rows, rows.size() * 4) != cudaSuccess ||
+      cudaMalloc(&impl->d_store_drops, 8) != cudaSuccess) {
+    cudaGetLastError();
+    return fail(absl::ResourceExhaustedError("Mirror: cudaMalloc failed"));
+  }
+  auto st = static_cast<cudaStream_t>(stream);
+  if (cudaMemcpyAsync(impl->d_rows, rows.data(), rows.size() * 4,
+                      cudaMemcpyHostToDevice, st) != cudaSuccess ||
+      cudaMemsetAsync(impl->d_store_drops, 0, 8, st) != cudaSuccess) {
+    cudaGetLastError();
+    return fail(absl::InternalError("Mirror: uploading the row table failed"));
+  }
+  auto state = kernels::AllocateEnsureState(config, st);
+  if (!state.ok()) return fail(state.status());
+  impl->state = *state;
+  kernels::MirrorStoreHeader& h = impl->store.header;
+  h.max_entries = o.max_store_entries;
+  h.num_logical = o.logical_pages;
+  h.num_slots = o.gpu_slots;
+  h.max_ctas = o.store_ctas;
+  h.mirror_rows = impl->d_rows;
+  h.drops = impl->d_store_drops;
+  kernels::EnsureCopyHeader& c = impl->copy.header;
+  c.max_ctas = o.copy_ctas;
+  c.max_items = impl->state.max_entries;
+  c.copy_slot = impl->state.copy_slot;
+  c.copy_row = impl->state.copy_row;
+  c.copy_count = impl->state.copy_count;
+  cudaSetDevice(previous);
+  return std::unique_ptr<Mirror>(new Mirror(std::move(impl)));
+#endif
+}
+
+Mirror::~Mirror() {
+#if KVTIER_HAVE_CUDA
+  if (impl_ == nullptr) return;
+  int previous = 0;
+  cudaGetDevice(&previous);
+  cudaSetDevice(impl_->device);
+  kernels::FreeEnsureState(impl_->state);
+  cudaFree(impl_->d_rows);
+  cudaFree(impl_->d_store_drops);
+  cudaSetDevice(previous);
+#endif
+  // ~Reservation aborts the reservation: the rows go back to the daemon.
+}
+
+absl::Span<const uint32_t> Mirror::rows() const {
+  return impl_->reservation.page_rows();
+}
+
+const Reservation& Mirror::reservation() const { return impl_->reservation; }
+
+const void* Mirror::ensure_drops() const { return impl_->state.drops; }
+const void* Mirror::store_drops() const { return impl_->d_store_drops; }
+
+absl::Status Mirror::Store(const MirrorStoreEntry* entries,
+                           const uint32_t* count, void* stream) {
+#if KVTIER_HAVE_CUDA
+  kernels::MirrorStoreParams p = impl_->store;
+  p.header.entries = reinterpret_cast<const kernels::MirrorEntry*>(entries);
+  p.header.count = count;
+  return kernels::LaunchMirrorStore(p, static_cast<cudaStream_t>(stream));
+#else
+  return absl::FailedPreconditionError("Mirror: built without CUDA");
+#endif
+}
+
+absl::Status Mirror::Ensure(const int32_t* selected, int32_t* translated,
+                            void* stream) {
+#if KVTIER_HAVE_CUDA
+  const kernels::EnsurePlanParams plan{.state = impl_->state,
+                                       .selected = selected,
+                                       .translated = translated,
+                                       .mirror_rows = impl_->d_rows};
+  auto st = static_cast<cudaStream_t>(stream);
+  if (absl::Status s = kernels::LaunchEnsurePlan(plan, st); !s.ok()) return s;
+  return kernels::LaunchEnsureCopy(impl_->copy, st);
+#else
+  return absl::FailedPreconditionError("Mirror: built without CUDA");
+#endif
+}
+
+absl::StatusOr<CommitResult> Mirror::Adopt(
+    absl::Span<const uint32_t> logical_pages, std::string_view parent_hash,
+    std::string_view hashes) {
+  std::vector<uint32_t> indices;
+  indices.reserve(logical_pages.size());
+  for (size_t i = 0; i < logical_pages.size(); ++i) {
+    if (logical_pages[i] >= impl_->options.logical_pages) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logical_pages[", i, "]: ", logical_pages[i],
+                       " is not below ", impl_->options.logical_pages));
+    }
+    indices.push_back(logical_pages[i]);
+  }
+  return impl_->ns->AdoptMirror(impl_->reservation, indices, parent_hash,
+                                hashes);
+}
+
+}  // namespace kvtier

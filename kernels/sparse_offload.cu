@@ -24,12 +24,14 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/sparse_offload.h"
 #include "kernels/sparse_offload_launch.h"
+#include "kernels/warp_copy.cuh"
 
 namespace kvtier::kernels {
 namespace {
 
+using warp_copy::CopyChunk;
+
 constexpr uint32_t kPlanThreads = 1024;
-constexpr uint32_t kUnroll = 4;
 
 absl::Status LaunchError(const char* what) {
   const cudaError_t err = cudaGetLastError();
@@ -39,56 +41,6 @@ absl::Status LaunchError(const char* what) {
                      cudaGetErrorString(err)));
   }
   return absl::OkStatus();
-}
-
-// The page copy kernel's chunk copy (kernels/page_copy.cu), repeated here
-// because that one is private to its translation unit.
-template <typename T>
-__device__ __forceinline__ void CopyAligned(const T* __restrict__ src,
-                                            T* __restrict__ dst, uint32_t n,
-                                            uint32_t lane) {
-  uint32_t i = lane;
-  for (; i + (kUnroll - 1) * 32 < n; i += kUnroll * 32) {
-    T v[kUnroll];
-#pragma unroll
-    for (uint32_t k = 0; k < kUnroll; ++k) v[k] = __ldcs(src + i + k * 32);
-#pragma unroll
-    for (uint32_t k = 0; k < kUnroll; ++k) __stcs(dst + i + k * 32, v[k]);
-  }
-  for (; i < n; i += 32) __stcs(dst + i, __ldcs(src + i));
-}
-
-__device__ __forceinline__ void CopyChunk(const uint8_t* src, uint8_t* dst,
-                                          uint32_t n, uint32_t lane) {
-  const uintptr_t s = reinterpret_cast<uintptr_t>(src);
-  const uintptr_t d = reinterpret_cast<uintptr_t>(dst);
-  uint32_t width = 1;
-  if (((s ^ d) & 15) == 0) {
-    width = 16;
-  } else if (((s ^ d) & 3) == 0) {
-    width = 4;
-  }
-  if (width == 1) {
-    for (uint32_t i = lane; i < n; i += 32) dst[i] = src[i];
-    return;
-  }
-  uint32_t head =
-      static_cast<uint32_t>((width - (s & (width - 1))) & (width - 1));
-  if (head > n) head = n;
-  if (lane < head) dst[lane] = src[lane];
-  src += head;
-  dst += head;
-  n -= head;
-  const uint32_t body = n / width;
-  if (width == 16) {
-    CopyAligned(reinterpret_cast<const int4*>(src),
-                reinterpret_cast<int4*>(dst), body, lane);
-  } else {
-    CopyAligned(reinterpret_cast<const unsigned int*>(src),
-                reinterpret_cast<unsigned int*>(dst), body, lane);
-  }
-  const uint32_t done = body * width;
-  if (lane < n - done) dst[done + lane] = src[done + lane];
 }
 
 // ------------------------------------------------------------------ mirror --

@@ -119,8 +119,7 @@ uint64_t MemTotalGiB() {
   for (std::string line; std::getline(f, line);) {
     if (line.rfind("MemTotal:", 0) == 0) {
       uint64_t kb = 0;
-      std::vector<std::string> w =
-          absl::StrSplit(line, ' ', absl::SkipEmpty());
+      std::vector<std::string> w = absl::StrSplit(line, ' ', absl::SkipEmpty());
       if (w.size() >= 2 && absl::SimpleAtoi(w[1], &kb)) return kb >> 20;
     }
   }
@@ -162,8 +161,8 @@ std::string MachineJson() {
       "\"page_size\": %d, \"transparent_hugepage\": %s, "
       "\"shmem_thp\": %s}",
       JsonString(u.nodename), JsonString(cpu),
-      std::thread::hardware_concurrency(), JsonString(u.release),
-      MemTotalGiB(), JsonString(gpu), JsonString(driver), sysconf(_SC_PAGESIZE),
+      std::thread::hardware_concurrency(), JsonString(u.release), MemTotalGiB(),
+      JsonString(gpu), JsonString(driver), sysconf(_SC_PAGESIZE),
       JsonString(ReadFirstLine("/sys/kernel/mm/transparent_hugepage/enabled")),
       JsonString(
           ReadFirstLine("/sys/kernel/mm/transparent_hugepage/shmem_enabled")));
@@ -192,7 +191,8 @@ int ChildMain() {
   const double open_map_s = Since(t0);
 
   t0 = Clock::now();
-  if (absl::Status st = client::RegisterHostRange(seg->base(), seg->file_bytes());
+  if (absl::Status st =
+          client::RegisterHostRange(seg->base(), seg->file_bytes());
       !st.ok()) {
     return fail(st);
   }
@@ -281,13 +281,13 @@ void RunOne(uint64_t size_gib, bool huge, Outcome* o) {
   auto skip = [&](const std::string& why) {
     std::fprintf(stderr, "attach_bench: %llu GiB %s skipped: %s\n",
                  static_cast<unsigned long long>(size_gib), kind, why.c_str());
-    o->skipped.push_back(absl::StrFormat(
-        "{\"size_gib\": %d, \"pages\": \"%s\", \"reason\": %s}", size_gib,
-        kind, JsonString(why)));
+    o->skipped.push_back(
+        absl::StrFormat("{\"size_gib\": %d, \"pages\": \"%s\", \"reason\": %s}",
+                        size_gib, kind, JsonString(why)));
   };
   shm::SegmentSpec spec;
-  spec.file_name = absl::StrCat("kvtier-attach-bench-", getpid(), "-",
-                                size_gib, "g-", kind);
+  spec.file_name =
+      absl::StrCat("kvtier-attach-bench-", getpid(), "-", size_gib, "g-", kind);
   spec.namespace_name = "attach-bench";
   spec.bank = "kv";
   spec.rows = size_gib * kGiB / kRowBytes;
@@ -295,7 +295,8 @@ void RunOne(uint64_t size_gib, bool huge, Outcome* o) {
   shm::SegmentOptions opt;
   opt.shm_dir = absl::GetFlag(FLAGS_shm_dir);
   opt.hugetlbfs_dir = absl::GetFlag(FLAGS_hugetlbfs_dir);
-  opt.huge_pages = huge ? shm::HugePagePolicy::kRequire : shm::HugePagePolicy::kOff;
+  opt.huge_pages =
+      huge ? shm::HugePagePolicy::kRequire : shm::HugePagePolicy::kOff;
   opt.populate = true;
   opt.mode = 0600;
   if (huge) {
@@ -362,8 +363,8 @@ void RunOne(uint64_t size_gib, bool huge, Outcome* o) {
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   if (absl::GetFlag(FLAGS_child)) return ChildMain();
-  const std::string date = absl::FormatTime(
-      "%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+  const std::string date =
+      absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
   Clock::time_point t0 = Clock::now();
   const bool cuda = client::CudaDevicePresent() &&
                     cudaSetDevice(0) == cudaSuccess &&

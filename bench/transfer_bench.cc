@@ -133,7 +133,8 @@
 
 ABSL_FLAG(double, pool_gib, 20, "GPU pool size in GiB (random pages over it)");
 ABSL_FLAG(std::string, prefixes, "1024,8192,32768", "Prefix lengths, tokens");
-ABSL_FLAG(std::string, layouts, "a,b,c,d,e", "Layouts to run (see the file comment)");
+ABSL_FLAG(std::string, layouts, "a,b,c,d,e",
+          "Layouts to run (see the file comment)");
 ABSL_FLAG(std::string, methods,
           "contiguous,memcpy_loop,memcpy_batch,kvtier,kvtier_direct",
           "Methods to run");
@@ -161,7 +162,8 @@ ABSL_FLAG(bool, bidirectional, true, "Measure both directions at once");
 ABSL_FLAG(std::string, bidirectional_layouts, "a,d",
           "Layouts of the both-directions part");
 ABSL_FLAG(bool, gemm, true, "Measure the slowdown of a concurrent GEMM");
-ABSL_FLAG(int32_t, gemm_n, 8192, "GEMM size (n x n x n, bf16, fp32 accumulate)");
+ABSL_FLAG(int32_t, gemm_n, 8192,
+          "GEMM size (n x n x n, bf16, fp32 accumulate)");
 ABSL_FLAG(int32_t, gemm_iters, 200, "GEMMs per timed window");
 ABSL_FLAG(std::string, gemm_layout, "a", "Layout the GEMM part transfers");
 ABSL_FLAG(std::string, cublas_lib, "",
@@ -184,9 +186,9 @@ constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = kKiB * kKiB;
 constexpr uint64_t kGiB = kMiB * kKiB;
 
-#define BENCH_RETURN_IF_ERROR(expr)  \
-  do {                               \
-    absl::Status status_ = (expr);   \
+#define BENCH_RETURN_IF_ERROR(expr)    \
+  do {                                 \
+    absl::Status status_ = (expr);     \
     if (!status_.ok()) return status_; \
   } while (0)
 
@@ -216,10 +218,18 @@ std::string JsonString(absl::string_view s) {
   std::string out = "\"";
   for (char c : s) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           out += absl::StrFormat("\\u%04x", static_cast<int>(c));
@@ -264,11 +274,11 @@ struct LayoutDef {
   std::string key;   // "a".."e"
   std::string name;  // short, for tables
   std::string description;
-  uint32_t tokens_per_page = 0;  // 0 for the snapshot layout
-  std::vector<BankDef> banks;    // page banks (empty for snapshots)
+  uint32_t tokens_per_page = 0;          // 0 for the snapshot layout
+  std::vector<BankDef> banks;            // page banks (empty for snapshots)
   std::vector<uint64_t> snapshot_bytes;  // snapshot segments
-  uint64_t chunk_bytes = 0;       // the main chunk size
-  uint64_t side_chunk_bytes = 0;  // a side bank's chunk size, if any
+  uint64_t chunk_bytes = 0;              // the main chunk size
+  uint64_t side_chunk_bytes = 0;         // a side bank's chunk size, if any
   bool snapshot() const { return !snapshot_bytes.empty(); }
 };
 
@@ -468,8 +478,8 @@ absl::StatusOr<Bound> Bind(const LayoutDef& def, uint64_t pool,
         ++ti;
       }
       b.pool.banks.push_back(std::move(bp));
-      b.banks.push_back(
-          {bank.name, HostBankView{arena_dev + start, rows, row_bytes, stride}});
+      b.banks.push_back({bank.name, HostBankView{arena_dev + start, rows,
+                                                 row_bytes, stride}});
       b.bank_host.push_back(arena_host ? arena_host + start : nullptr);
       b.bank_row_bytes.push_back(row_bytes);
       b.bank_stride.push_back(stride);
@@ -482,9 +492,9 @@ absl::StatusOr<Bound> Bind(const LayoutDef& def, uint64_t pool,
   }
   b.arena_used = host_off;
   if (host_off > arena_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "layout ", def.key, ": needs ", host_off, " host bytes, arena has ",
-        arena_bytes));
+    return absl::InvalidArgumentError(
+        absl::StrCat("layout ", def.key, ": needs ", host_off,
+                     " host bytes, arena has ", arena_bytes));
   }
   return b;
 }
@@ -498,10 +508,14 @@ const char* DirName(Dir d) { return d == Dir::kEvict ? "evict" : "rehydrate"; }
 enum class Method { kContiguous, kLoop, kBatch, kKvtier, kKvtierDirect };
 const char* MethodName(Method m) {
   switch (m) {
-    case Method::kContiguous: return "contiguous";
-    case Method::kLoop: return "memcpy_loop";
-    case Method::kBatch: return "memcpy_batch";
-    case Method::kKvtier: return "kvtier";
+    case Method::kContiguous:
+      return "contiguous";
+    case Method::kLoop:
+      return "memcpy_loop";
+    case Method::kBatch:
+      return "memcpy_batch";
+    case Method::kKvtier:
+      return "kvtier";
     case Method::kKvtierDirect:
       return "kvtier_direct";
   }
@@ -687,10 +701,10 @@ absl::Status BatchCopy(Transfer& t, size_t begin, size_t n, cudaStream_t s) {
   cudaMemcpyAttributes attr{};
   attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
   size_t attr_index = 0;
-  return Cuda(cudaMemcpyBatchAsync(t.dst.data() + begin, t.src.data() + begin,
-                                   t.size.data() + begin, n, &attr,
-                                   &attr_index, 1, s),
-              "cudaMemcpyBatchAsync");
+  return Cuda(
+      cudaMemcpyBatchAsync(t.dst.data() + begin, t.src.data() + begin,
+                           t.size.data() + begin, n, &attr, &attr_index, 1, s),
+      "cudaMemcpyBatchAsync");
 }
 
 absl::Status Enqueue(Transfer& t, cudaStream_t s) {
@@ -706,8 +720,8 @@ absl::Status Enqueue(Transfer& t, cudaStream_t s) {
     }
     case Method::kLoop:
       for (size_t k = 0; k < t.dst.size(); ++k) {
-        const cudaError_t err =
-            cudaMemcpyAsync(t.dst[k], t.src[k], t.size[k], cudaMemcpyDefault, s);
+        const cudaError_t err = cudaMemcpyAsync(t.dst[k], t.src[k], t.size[k],
+                                                cudaMemcpyDefault, s);
         if (err != cudaSuccess) return Cuda(err, "cudaMemcpyAsync (loop)");
       }
       return absl::OkStatus();
@@ -718,10 +732,10 @@ absl::Status Enqueue(Transfer& t, cudaStream_t s) {
         if (st.ok() || total <= 1024) return st;
         // Refused as a whole (a count limit?): retry in pieces, once noted.
         g_batch_limit = 8192;
-        Notes().push_back(absl::StrCat(
-            "memcpy_batch: one call of ", total, " copies failed (",
-            st.message(), "); batches are split into calls of <= ",
-            g_batch_limit, " copies from here on"));
+        Notes().push_back(absl::StrCat("memcpy_batch: one call of ", total,
+                                       " copies failed (", st.message(),
+                                       "); batches are split into calls of <= ",
+                                       g_batch_limit, " copies from here on"));
       }
       for (size_t i = 0; i < total; i += g_batch_limit) {
         BENCH_RETURN_IF_ERROR(
@@ -867,11 +881,12 @@ std::string RecordJson(const Record& r, double pct_of_contiguous) {
 }
 
 void Report(const Record& r) {
-  Progress("%-5s %-15s %6u %-9s %-12s ctas=%-3u %8.2f GB/s p50 %8.2f p99 "
-           "(%d reps)",
-           r.layout->key, r.layout->name, r.prefix_tokens, r.direction,
-           r.method, r.ctas, Gbps(r.bytes, r.st.ms_p50),
-           Gbps(r.bytes, r.st.ms_p99), r.st.repeats);
+  Progress(
+      "%-5s %-15s %6u %-9s %-12s ctas=%-3u %8.2f GB/s p50 %8.2f p99 "
+      "(%d reps)",
+      r.layout->key, r.layout->name, r.prefix_tokens, r.direction, r.method,
+      r.ctas, Gbps(r.bytes, r.st.ms_p50), Gbps(r.bytes, r.st.ms_p99),
+      r.st.repeats);
 }
 
 // ---------------------------------------------------------------------------
@@ -881,11 +896,12 @@ struct Cublas {
   using CreateFn = cublasStatus_t (*)(cublasHandle_t*);
   using DestroyFn = cublasStatus_t (*)(cublasHandle_t);
   using SetStreamFn = cublasStatus_t (*)(cublasHandle_t, cudaStream_t);
-  using GemmExFn = cublasStatus_t (*)(
-      cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int, int,
-      const void*, const void*, cudaDataType, int, const void*, cudaDataType,
-      int, const void*, void*, cudaDataType, int, cublasComputeType_t,
-      cublasGemmAlgo_t);
+  using GemmExFn = cublasStatus_t (*)(cublasHandle_t, cublasOperation_t,
+                                      cublasOperation_t, int, int, int,
+                                      const void*, const void*, cudaDataType,
+                                      int, const void*, cudaDataType, int,
+                                      const void*, void*, cudaDataType, int,
+                                      cublasComputeType_t, cublasGemmAlgo_t);
   std::string path;
   CreateFn create = nullptr;
   DestroyFn destroy = nullptr;
@@ -907,10 +923,10 @@ absl::StatusOr<Cublas> LoadCublas(const std::string& override_path) {
         "libcublas.so",
     };
     // pip's nvidia-cublas wheels (e.g. beside PyTorch).
-    for (const char* root : {"/opt/torch/.venv/lib", "/usr/local/lib",
-                             "/usr/lib"}) {
-      for (const char* py : {"python3.10", "python3.11", "python3.12",
-                             "python3.13"}) {
+    for (const char* root :
+         {"/opt/torch/.venv/lib", "/usr/local/lib", "/usr/lib"}) {
+      for (const char* py :
+           {"python3.10", "python3.11", "python3.12", "python3.13"}) {
         for (const char* sub : {"site-packages", "dist-packages"}) {
           for (const char* rel : {"nvidia/cu13/lib/libcublas.so.13",
                                   "nvidia/cublas/lib/libcublas.so.13",
@@ -931,7 +947,8 @@ absl::StatusOr<Cublas> LoadCublas(const std::string& override_path) {
     }
     Cublas cb;
     cb.path = c;
-    cb.create = reinterpret_cast<Cublas::CreateFn>(dlsym(lib, "cublasCreate_v2"));
+    cb.create =
+        reinterpret_cast<Cublas::CreateFn>(dlsym(lib, "cublasCreate_v2"));
     cb.destroy =
         reinterpret_cast<Cublas::DestroyFn>(dlsym(lib, "cublasDestroy_v2"));
     cb.set_stream =
@@ -1075,7 +1092,7 @@ class Bench {
   std::string gemm_json_ = "null";
   std::vector<std::string> errors_;
   std::vector<std::pair<std::string, double>> sections_;
-  bool dead_ = false;  // the CUDA context is unusable
+  bool dead_ = false;         // the CUDA context is unusable
   bool out_of_time_ = false;  // --deadline_s passed
 };
 
@@ -1137,7 +1154,8 @@ absl::Status Bench::Setup() {
         policy_.max_seconds > 0 ? std::min(policy_.max_seconds, 0.4) : 0.4;
     gemm_iters_ = std::min(gemm_iters_, 100);
   }
-  policy_.min_repeats = std::max(1, std::min(policy_.min_repeats, policy_.repeats));
+  policy_.min_repeats =
+      std::max(1, std::min(policy_.min_repeats, policy_.repeats));
   const uint32_t default_ctas = kernels::kDefaultMaxCtas;
   if (std::find(ctas_.begin(), ctas_.end(), default_ctas) == ctas_.end()) {
     ctas_.push_back(default_ctas);
@@ -1151,11 +1169,12 @@ absl::Status Bench::Setup() {
   std::sort(staging_ctas_.begin(), staging_ctas_.end());
   for (uint32_t& c : staging_ctas_) c = std::min(c, kernels::kMaxCtasLimit);
   rng_.seed(absl::GetFlag(FLAGS_seed));
-  date_ = absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(),
-                           absl::UTCTimeZone());
+  date_ =
+      absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
 
   int devices = 0;
-  BENCH_RETURN_IF_ERROR(Cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount"));
+  BENCH_RETURN_IF_ERROR(
+      Cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount"));
   if (devices == 0) return absl::FailedPreconditionError("no CUDA device");
   BENCH_RETURN_IF_ERROR(Cuda(cudaSetDevice(0), "cudaSetDevice"));
   BENCH_RETURN_IF_ERROR(Cuda(cudaFree(nullptr), "CUDA init"));
@@ -1165,16 +1184,16 @@ absl::Status Bench::Setup() {
       cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "stream"));
   BENCH_RETURN_IF_ERROR(Cuda(
       cudaStreamCreateWithFlags(&stream2_, cudaStreamNonBlocking), "stream"));
-  BENCH_RETURN_IF_ERROR(Cuda(
-      cudaStreamCreateWithFlags(&gemm_stream_, cudaStreamNonBlocking), "stream"));
+  BENCH_RETURN_IF_ERROR(
+      Cuda(cudaStreamCreateWithFlags(&gemm_stream_, cudaStreamNonBlocking),
+           "stream"));
   BENCH_RETURN_IF_ERROR(ev_.Create());
 
   // Layouts and the host memory they need.
-  const uint32_t max_prefix =
-      std::max(*std::max_element(prefixes_.begin(), prefixes_.end()),
-               sweep_prefix_);
-  pool_bytes_ = static_cast<uint64_t>(absl::GetFlag(FLAGS_pool_gib) * kGiB) /
-                kMiB * kMiB;
+  const uint32_t max_prefix = std::max(
+      *std::max_element(prefixes_.begin(), prefixes_.end()), sweep_prefix_);
+  pool_bytes_ =
+      static_cast<uint64_t>(absl::GetFlag(FLAGS_pool_gib) * kGiB) / kMiB * kMiB;
   for (const LayoutDef& d : AllLayouts()) {
     if (Contains(layout_keys_, d.key)) defs_.push_back(d);
   }
@@ -1186,9 +1205,9 @@ absl::Status Bench::Setup() {
     if (d.snapshot()) {
       rows[i] = std::max<uint64_t>(16, 3 * snapshots_);
     } else {
-      rows[i] = std::max<uint64_t>({max_prefix / d.tokens_per_page,
-                                    2 * (sweep_prefix_ / d.tokens_per_page),
-                                    128});
+      rows[i] =
+          std::max<uint64_t>({max_prefix / d.tokens_per_page,
+                              2 * (sweep_prefix_ / d.tokens_per_page), 128});
     }
     absl::StatusOr<Bound> dry =
         Bind(d, 4096, pool_bytes_, nullptr, 0, ~0ull, rows[i]);
@@ -1210,10 +1229,10 @@ absl::Status Bench::Setup() {
     return absl::ErrnoToStatus(errno, absl::StrCat("mmap ", arena_bytes_));
   }
   arena_ = static_cast<uint8_t*>(arena);
-  BENCH_RETURN_IF_ERROR(Cuda(
-      cudaHostRegister(arena_, arena_bytes_,
-                       cudaHostRegisterMapped | cudaHostRegisterPortable),
-      "cudaHostRegister arena"));
+  BENCH_RETURN_IF_ERROR(
+      Cuda(cudaHostRegister(arena_, arena_bytes_,
+                            cudaHostRegisterMapped | cudaHostRegisterPortable),
+           "cudaHostRegister arena"));
   void* dev = nullptr;
   BENCH_RETURN_IF_ERROR(
       Cuda(cudaHostGetDevicePointer(&dev, arena_, 0), "device pointer"));
@@ -1425,8 +1444,8 @@ absl::Status Bench::MeasureBoth(const Bound& b, const Config& c,
 // (pre-filled with different bytes) and compares the rows; then rehydrates
 // with each kvtier configuration and evicts the result again with the loop.
 std::string Bench::Verify(const Bound& b) {
-  const size_t n = b.def->snapshot() ? std::min<size_t>(4, b.host_rows / 3)
-                                     : 32;
+  const size_t n =
+      b.def->snapshot() ? std::min<size_t>(4, b.host_rows / 3) : 32;
   const size_t bi = IndexOf(bounds_, b);
   std::vector<Items> sets(3);
   PickItems(*gpu_pickers_[bi], *row_pickers_[bi], n, &sets);
@@ -1512,9 +1531,9 @@ absl::Status Bench::Gemm() {
     if (x.def->key == layout_key) b = &x;
   }
   if (b == nullptr) {
-    gemm_json_ = absl::StrFormat("{\"skipped\": %s}",
-                                 JsonString("layout " + layout_key +
-                                            " not selected"));
+    gemm_json_ =
+        absl::StrFormat("{\"skipped\": %s}",
+                        JsonString("layout " + layout_key + " not selected"));
     return absl::OkStatus();
   }
   absl::StatusOr<Cublas> cb = LoadCublas(absl::GetFlag(FLAGS_cublas_lib));
@@ -1563,7 +1582,8 @@ absl::Status Bench::Gemm() {
                  CUDA_R_16BF, n, bm, CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n,
                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS) {
-      return absl::InternalError(absl::StrCat("cublasGemmEx: status ", static_cast<int>(s)));
+      return absl::InternalError(
+          absl::StrCat("cublasGemmEx: status ", static_cast<int>(s)));
     }
     return absl::OkStatus();
   };
@@ -1703,8 +1723,8 @@ void Bench::Run() {
     for (const Bound& b : bounds_) {
       const std::string v = Verify(b);
       Progress("verify %s: %s", b.def->key, v);
-      verify_.push_back(absl::StrCat(JsonString(b.def->key), ": ",
-                                     JsonString(v)));
+      verify_.push_back(
+          absl::StrCat(JsonString(b.def->key), ": ", JsonString(v)));
     }
   }
   section("verify", t0);
@@ -1772,7 +1792,8 @@ void Bench::Run() {
     absl::Status st = Gemm();
     if (!st.ok()) {
       Fail(st, "gemm");
-      gemm_json_ = absl::StrFormat("{\"error\": %s}", JsonString(st.ToString()));
+      gemm_json_ =
+          absl::StrFormat("{\"error\": %s}", JsonString(st.ToString()));
     }
   }
   section("gemm", t0);
@@ -1847,8 +1868,9 @@ std::string Bench::Json() const {
   }
   absl::StrAppend(&out, " \"measurements\": [\n  ", absl::StrJoin(ms, ",\n  "),
                   "],\n");
-  absl::StrAppend(&out, " \"bidirectional_note\": \"memcpy_loop is not run "
-                        "both ways: one host thread enqueues both streams\",\n");
+  absl::StrAppend(&out,
+                  " \"bidirectional_note\": \"memcpy_loop is not run "
+                  "both ways: one host thread enqueues both streams\",\n");
   absl::StrAppend(&out, " \"gemm\": ", gemm_json_, ",\n");
   std::vector<std::string> secs;
   for (const auto& [name, s] : sections_) {

@@ -764,17 +764,16 @@ const std::vector<DevicePoolInfo>& Namespace::device_pools() const {
   return state_->device_pools;
 }
 bool Namespace::device_pools_valid() const {
-  return !state_->device_pools.empty() &&
-         state_->Current(state_->device_epoch);
+  return !state_->device_pools.empty() && state_->Current(state_->device_epoch);
 }
 
 absl::StatusOr<Lease> Namespace::LookupWithDevice(std::string_view hashes,
                                                   uint32_t device_pool,
                                                   bool pin) {
   if (device_pool >= state_->device_pools.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "device_pool: ", device_pool, " but the daemon reported ",
-        state_->device_pools.size(), " device pools"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_pool: ", device_pool, " but the daemon reported ",
+                     state_->device_pools.size(), " device pools"));
   }
   Lease miss;
   miss.ns_ = state_;
@@ -947,9 +946,9 @@ Namespace::CreateTransferEngine(client::Backend backend,
                                 uint32_t max_ctas) const {
   std::vector<std::pair<std::string, client::HostBankView>> banks;
   for (const auto& b : state_->page_banks) {
-    banks.emplace_back(b.name,
-                       client::HostBankView{reinterpret_cast<uint64_t>(b.base),
-                                            b.rows, b.row_bytes, b.row_stride});
+    banks.emplace_back(
+        b.name, client::HostBankView{reinterpret_cast<uint64_t>(b.base), b.rows,
+                                     b.row_bytes, b.row_stride});
   }
   std::optional<client::HostBankView> snap;
   if (state_->snapshot_bank) {
@@ -1094,14 +1093,15 @@ absl::StatusOr<std::unique_ptr<Namespace>> Client::Attach(
     auto mapped = shm::Segment::Open(seg.path());
     if (!mapped.ok()) {
       return absl::Status(mapped.status().code(),
-                          absl::StrCat("mapping bank '", seg.bank(), "': ",
-                                       mapped.status().message()));
+                          absl::StrCat("mapping bank '", seg.bank(),
+                                       "': ", mapped.status().message()));
     }
-    if (mapped->rows() != seg.rows() || mapped->row_bytes() != seg.row_bytes()) {
-      return absl::DataLossError(absl::StrCat(
-          "bank '", seg.bank(), "' at ", seg.path(),
-          ": header disagrees with the daemon (rows ", mapped->rows(), " vs ",
-          seg.rows(), ")"));
+    if (mapped->rows() != seg.rows() ||
+        mapped->row_bytes() != seg.row_bytes()) {
+      return absl::DataLossError(
+          absl::StrCat("bank '", seg.bank(), "' at ", seg.path(),
+                       ": header disagrees with the daemon (rows ",
+                       mapped->rows(), " vs ", seg.rows(), ")"));
     }
     BankMapping m;
     m.name = seg.bank();
@@ -1132,9 +1132,9 @@ absl::StatusOr<std::unique_ptr<Namespace>> Client::Attach(
           client::UnregisterHostRange(state->segments[j]->base(),
                                       state->segments[j]->file_bytes());
         }
-        return absl::Status(s.code(), absl::StrCat("registering bank at ",
-                                                   seg->path(), ": ",
-                                                   s.message()));
+        return absl::Status(
+            s.code(), absl::StrCat("registering bank at ", seg->path(), ": ",
+                                   s.message()));
       }
     }
     state->registered = true;
@@ -1163,8 +1163,8 @@ absl::StatusOr<DropResult> Client::Drop(const std::string& name,
   v1::DropResponse resp;
   grpc::ClientContext ctx;
   connection_->Deadline(&ctx);
-  if (absl::Status s = client::FromGrpc(
-          connection_->stub->Drop(&ctx, req, &resp), "Drop");
+  if (absl::Status s =
+          client::FromGrpc(connection_->stub->Drop(&ctx, req, &resp), "Drop");
       !s.ok()) {
     return s;
   }

@@ -53,9 +53,9 @@ absl::Status FastLookupServer::Start(const std::string& path, gid_t group) {
     ::close(listen_fd_);
     listen_fd_ = -1;
     ::unlink(path.c_str());
-    return absl::FailedPreconditionError(absl::StrCat(
-        "fast lookup socket ", path, ": setting group ", group,
-        " and mode 0660: ", strerror(err)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("fast lookup socket ", path, ": setting group ", group,
+                     " and mode 0660: ", strerror(err)));
   }
   path_ = path;
   acceptor_ = std::thread([this] { AcceptLoop(); });
@@ -126,7 +126,8 @@ void FastLookupServer::Serve(uint64_t id, int fd) {
   bool ok = ReadFull(fd, &hello, sizeof(hello)) && hello.magic == kHelloMagic;
   if (ok) {
     if (hello.version != kVersion) {
-      hello_reply.code = static_cast<int>(absl::StatusCode::kFailedPrecondition);
+      hello_reply.code =
+          static_cast<int>(absl::StatusCode::kFailedPrecondition);
     } else {
       // The kernel's record of this peer becomes the session's identity
       // (daemon/peer_credentials.h); an unknown session is NOT_FOUND.

@@ -124,9 +124,9 @@ absl::Status PrepareSocket(const std::string& path, gid_t group) {
     ::chmod(dir.c_str(), 0770);
     if (group != static_cast<gid_t>(-1) &&
         ::chown(dir.c_str(), static_cast<uid_t>(-1), group) != 0) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--socket: cannot give ", dir.string(), " to group ", group, ": ",
-          strerror(errno)));
+      return absl::FailedPreconditionError(
+          absl::StrCat("--socket: cannot give ", dir.string(), " to group ",
+                       group, ": ", strerror(errno)));
     }
   }
   // A socket file left by a daemon that died is removed; a live daemon's
@@ -194,7 +194,8 @@ int Main(int argc, char** argv) {
     return 2;
   }
   options.segment_prefix = absl::GetFlag(FLAGS_segment_prefix);
-  options.default_namespace_bytes = absl::GetFlag(FLAGS_default_namespace_bytes);
+  options.default_namespace_bytes =
+      absl::GetFlag(FLAGS_default_namespace_bytes);
   options.namespace_budget_bytes = absl::GetFlag(FLAGS_namespace_budget_bytes);
   options.default_max_replay_tokens =
       absl::GetFlag(FLAGS_default_max_replay_tokens);
@@ -224,8 +225,9 @@ int Main(int argc, char** argv) {
     return 2;
   }
   if (!acl->empty() && !absl::GetFlag(FLAGS_fast_lookup)) {
-    SPDLOG_CRITICAL("--namespace_acl needs --fast_lookup: sessions bind their "
-                    "credentials on the fast lookup socket");
+    SPDLOG_CRITICAL(
+        "--namespace_acl needs --fast_lookup: sessions bind their "
+        "credentials on the fast lookup socket");
     return 2;
   }
   options.namespace_acl = *std::move(acl);
@@ -277,13 +279,13 @@ int Main(int argc, char** argv) {
     SPDLOG_CRITICAL("{}", report.status().ToString());
     return 1;
   } else if (!options.state_dir.empty()) {
-    SPDLOG_INFO("recovered {} namespaces ({} emptied: segments recreated), "
-                "{} pages, from {} journal bytes in {} ({} torn, {} "
-                "unreadable) in {}",
-                report->namespaces, report->namespaces_emptied, report->pages,
-                report->journal_bytes, options.state_dir,
-                report->journals_torn, report->journals_unreadable,
-                absl::FormatDuration(report->elapsed));
+    SPDLOG_INFO(
+        "recovered {} namespaces ({} emptied: segments recreated), "
+        "{} pages, from {} journal bytes in {} ({} torn, {} "
+        "unreadable) in {}",
+        report->namespaces, report->namespaces_emptied, report->pages,
+        report->journal_bytes, options.state_dir, report->journals_torn,
+        report->journals_unreadable, absl::FormatDuration(report->elapsed));
   }
   if (const std::string demo = absl::GetFlag(FLAGS_demo_namespace);
       !demo.empty()) {
@@ -302,10 +304,9 @@ int Main(int argc, char** argv) {
       !address.empty()) {
     if (absl::Status s = metrics.Start(address); s.ok()) {
       SetLatencySink(&metrics);
-      metrics_status =
-          absl::StrCat("metrics on http://",
-                       address.substr(0, address.rfind(':')), ":",
-                       metrics.port(), "/metrics");
+      metrics_status = absl::StrCat("metrics on http://",
+                                    address.substr(0, address.rfind(':')), ":",
+                                    metrics.port(), "/metrics");
       SPDLOG_INFO("{}", metrics_status);
     } else if (absl::IsInvalidArgument(s)) {
       SPDLOG_CRITICAL("{}", s.ToString());
@@ -366,8 +367,8 @@ int Main(int argc, char** argv) {
   SPDLOG_INFO("kvtierd {} serving on unix:{}", KVTIER_VERSION, socket);
   // Banks and index are ready and the socket accepts: tell systemd. The
   // watchdog pings while the core answers Stats (its locks are not stuck).
-  notifier.Ready(absl::StrCat("serving on unix:", socket, ", ",
-                              metrics_status));
+  notifier.Ready(
+      absl::StrCat("serving on unix:", socket, ", ", metrics_status));
   const absl::Duration watchdog = notifier.StartWatchdog([&core] {
     v1::StatsResponse stats;
     return core.Stats(v1::StatsRequest(), &stats).ok();

@@ -74,8 +74,7 @@ absl::StatusOr<gid_t> ResolveGroup(const std::string& name,
   const int rc =
       ::getgrnam_r(name.c_str(), &grp, buf.data(), buf.size(), &result);
   if (rc != 0 || result == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat(flag, ": no group '", name, "'"));
+    return absl::NotFoundError(absl::StrCat(flag, ": no group '", name, "'"));
   }
   return grp.gr_gid;
 }
@@ -97,9 +96,8 @@ absl::StatusOr<uid_t> ResolveUser(const std::string& name,
 
 bool NamespaceAclEntry::Matches(absl::string_view name) const {
   if (!pattern.empty() && pattern.back() == '*') {
-    return absl::StartsWith(name,
-                            absl::string_view(pattern).substr(
-                                0, pattern.size() - 1));
+    return absl::StartsWith(
+        name, absl::string_view(pattern).substr(0, pattern.size() - 1));
   }
   return name == pattern;
 }
@@ -144,12 +142,13 @@ absl::StatusOr<NamespaceAcl> NamespaceAcl::Parse(absl::string_view spec) {
       const size_t colon = p.find(':');
       const absl::string_view kind =
           colon == absl::string_view::npos ? p : p.substr(0, colon);
-      const std::string value =
-          colon == absl::string_view::npos ? "" : std::string(p.substr(colon + 1));
+      const std::string value = colon == absl::string_view::npos
+                                    ? ""
+                                    : std::string(p.substr(colon + 1));
       if (value.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            field, ": principal '", p,
-            "' is not uid:N, gid:N, user:NAME or group:NAME"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ": principal '", p,
+                         "' is not uid:N, gid:N, user:NAME or group:NAME"));
       }
       if (kind == "uid" || kind == "user") {
         uint32_t n = 0;
@@ -170,9 +169,9 @@ absl::StatusOr<NamespaceAcl> NamespaceAcl::Parse(absl::string_view spec) {
         if (!gid.ok()) return gid.status();
         e.gids.push_back(*gid);
       } else {
-        return absl::InvalidArgumentError(absl::StrCat(
-            field, ": principal '", p,
-            "' is not uid:N, gid:N, user:NAME or group:NAME"));
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ": principal '", p,
+                         "' is not uid:N, gid:N, user:NAME or group:NAME"));
       }
     }
     acl.entries_.push_back(std::move(e));

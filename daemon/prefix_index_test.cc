@@ -775,11 +775,11 @@ TEST(PrefixIndexTest, ForEachNodeVisitsParentsFirstAndRebuildsTheIndex) {
       EXPECT_TRUE(position.contains(v.parent)) << "child before parent";
     }
     position[v.id] = seen.size();
-    seen.push_back({*v.key, v.parent,
-                    std::vector<uint32_t>(v.page_rows.begin(),
-                                          v.page_rows.end()),
-                    std::vector<uint32_t>(v.snapshot_rows.begin(),
-                                          v.snapshot_rows.end())});
+    seen.push_back(
+        {*v.key, v.parent,
+         std::vector<uint32_t>(v.page_rows.begin(), v.page_rows.end()),
+         std::vector<uint32_t>(v.snapshot_rows.begin(),
+                               v.snapshot_rows.end())});
   });
   ASSERT_EQ(seen.size(), 10u);
 
@@ -789,7 +789,8 @@ TEST(PrefixIndexTest, ForEachNodeVisitsParentsFirstAndRebuildsTheIndex) {
     std::vector<uint32_t> pages, snaps;
     for (const Seen& s : seen) {
       if (s.page_rows[rank] != kNoRow) pages.push_back(s.page_rows[rank]);
-      if (s.snapshot_rows[rank] != kNoRow) snaps.push_back(s.snapshot_rows[rank]);
+      if (s.snapshot_rows[rank] != kNoRow)
+        snaps.push_back(s.snapshot_rows[rank]);
     }
     ASSERT_TRUE(copy->ClaimPageRows(rank, pages).ok());
     ASSERT_TRUE(copy->ClaimSnapshotRows(rank, snaps).ok());
@@ -807,8 +808,7 @@ TEST(PrefixIndexTest, ForEachNodeVisitsParentsFirstAndRebuildsTheIndex) {
     }
   }
   ASSERT_TRUE(copy->CheckInvariants().ok()) << copy->CheckInvariants();
-  for (const auto& chain :
-       {a, Concat({a[0], a[1]}, b), Chain(3, 2)}) {
+  for (const auto& chain : {a, Concat({a[0], a[1]}, b), Chain(3, 2)}) {
     for (uint32_t rank = 0; rank < 2; ++rank) {
       LookupResult x = index->Lookup(chain, rank);
       LookupResult y = copy->Lookup(chain, rank);

@@ -128,10 +128,9 @@ absl::Status ParseHashes(absl::string_view bytes, uint32_t hash_bytes,
                          uint32_t max_count, absl::string_view field,
                          std::vector<HashKey>* out) {
   if (bytes.size() % hash_bytes != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", bytes.size(),
-                     " bytes is not a multiple of the namespace's hash size ",
-                     hash_bytes));
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": ", bytes.size(),
+        " bytes is not a multiple of the namespace's hash size ", hash_bytes));
   }
   const size_t n = bytes.size() / hash_bytes;
   if (n > max_count) {
@@ -150,9 +149,8 @@ absl::Status ParseHashes(absl::string_view bytes, uint32_t hash_bytes,
 absl::Status ParseOneHash(const std::string& bytes, uint32_t hash_bytes,
                           absl::string_view field, HashKey* out) {
   if (bytes.size() != hash_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": must be ", hash_bytes, " bytes, got ",
-                     bytes.size()));
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": must be ", hash_bytes, " bytes, got ", bytes.size()));
   }
   out->bytes.fill(0);
   std::memcpy(out->bytes.data(), bytes.data(), hash_bytes);
@@ -174,8 +172,8 @@ std::string TierCore::DeviceKey(uint64_t namespace_id, uint32_t rank,
   std::string key(sizeof(namespace_id) + sizeof(rank) + hash_bytes, '\0');
   std::memcpy(key.data(), &namespace_id, sizeof(namespace_id));
   std::memcpy(key.data() + sizeof(namespace_id), &rank, sizeof(rank));
-  std::memcpy(key.data() + sizeof(namespace_id) + sizeof(rank), hash.bytes.data(),
-              hash_bytes);
+  std::memcpy(key.data() + sizeof(namespace_id) + sizeof(rank),
+              hash.bytes.data(), hash_bytes);
   return key;
 }
 
@@ -204,8 +202,8 @@ absl::StatusOr<uint64_t> TierCore::OpenSession(const v1::Hello& hello,
   s.client_name = hello.client_name();
   s.peer = peer;
   s.opened = absl::Now();
-  SPDLOG_INFO("session {:016x} opened: client '{}' pid {}", id,
-              s.client_name, peer.pid);
+  SPDLOG_INFO("session {:016x} opened: client '{}' pid {}", id, s.client_name,
+              peer.pid);
   return id;
 }
 
@@ -249,9 +247,10 @@ void TierCore::CloseSession(uint64_t session_id) {
     }
     ns->sessions.erase(session_id);
   }
-  SPDLOG_INFO("session {:016x} closed: {} reservations aborted, {} leases "
-              "released",
-              session_id, aborted, released);
+  SPDLOG_INFO(
+      "session {:016x} closed: {} reservations aborted, {} leases "
+      "released",
+      session_id, aborted, released);
 }
 
 absl::StatusOr<std::shared_ptr<TierCore::Namespace>>
@@ -263,9 +262,9 @@ TierCore::CreateOrOpenLocked(const std::string& name, const v1::Layout& raw,
   if (absl::Status s = ValidateNamespaceName(name); !s.ok()) return s;
   if (absl::Status s = ValidateLayout(raw); !s.ok()) return s;
   if (tenant_salt.size() > kMaxTenantSalt) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tenant_salt: at most ", kMaxTenantSalt, " bytes, got ",
-        tenant_salt.size()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tenant_salt: at most ", kMaxTenantSalt, " bytes, got ",
+                     tenant_salt.size()));
   }
   const v1::Layout layout = NormalizeLayout(raw);
   if (auto it = by_name_.find(name); it != by_name_.end()) {
@@ -278,15 +277,16 @@ TierCore::CreateOrOpenLocked(const std::string& name, const v1::Layout& raw,
     return it->second;
   }
   if (by_name_.size() >= options_.max_namespaces) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "namespace '", name, "': the daemon already holds ",
-        by_name_.size(), " namespaces (--max_namespaces)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("namespace '", name, "': the daemon already holds ",
+                     by_name_.size(), " namespaces (--max_namespaces)"));
   }
 
   const bool hybrid = layout.snapshot_row_bytes() > 0;
   const uint32_t stored_ranks = layout.replicated() ? 1 : layout.tp_size();
   uint64_t page_stride = 0;
-  for (const auto& b : layout.page_banks()) page_stride += RoundUp16(b.row_bytes());
+  for (const auto& b : layout.page_banks())
+    page_stride += RoundUp16(b.row_bytes());
   const uint64_t snap_stride = RoundUp16(layout.snapshot_row_bytes());
   if (!hybrid && capacity.snapshot_rows() != 0) {
     return absl::InvalidArgumentError(
@@ -305,8 +305,8 @@ TierCore::CreateOrOpenLocked(const std::string& name, const v1::Layout& raw,
   if (page_rows == 0) {
     const uint64_t used = snapshot_rows * snap_stride;
     page_rows = std::max<uint64_t>(
-        1, used < per_rank_default ? (per_rank_default - used) / page_stride
-                                   : 0);
+        1,
+        used < per_rank_default ? (per_rank_default - used) / page_stride : 0);
   }
   if (page_rows >= kNoRow || snapshot_rows >= kNoRow) {
     return absl::InvalidArgumentError(
@@ -319,12 +319,13 @@ TierCore::CreateOrOpenLocked(const std::string& name, const v1::Layout& raw,
   if (total > options_.namespace_budget_bytes) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "capacity: namespace '", name, "' would take ",
-        static_cast<uint64_t>(total), " bytes of banks, over the "
-        "per-namespace budget of ", options_.namespace_budget_bytes,
-        " bytes (--namespace_budget_bytes)"));
+        static_cast<uint64_t>(total),
+        " bytes of banks, over the "
+        "per-namespace budget of ",
+        options_.namespace_budget_bytes, " bytes (--namespace_budget_bytes)"));
   }
-  const bool charge = creator != nullptr && creator->verified &&
-                      options_.uid_budget_bytes > 0;
+  const bool charge =
+      creator != nullptr && creator->verified && options_.uid_budget_bytes > 0;
   if (charge) {
     auto used = uid_bytes_.find(creator->uid);
     const uint64_t before = used == uid_bytes_.end() ? 0 : used->second;
@@ -332,8 +333,8 @@ TierCore::CreateOrOpenLocked(const std::string& name, const v1::Layout& raw,
       return absl::ResourceExhaustedError(absl::StrCat(
           "capacity: namespace '", name, "' would take ",
           static_cast<uint64_t>(total), " bytes of banks; uid ", creator->uid,
-          "'s namespaces hold ", before, " of its ",
-          options_.uid_budget_bytes, " bytes (--uid_budget_bytes)"));
+          "'s namespaces hold ", before, " of its ", options_.uid_budget_bytes,
+          " bytes (--uid_budget_bytes)"));
     }
   }
   // A namespace under an ACL naming a group keeps its segments in that
@@ -370,8 +371,8 @@ TierCore::CreateOrOpenLocked(const std::string& name, const v1::Layout& raw,
 
   ns->segments.resize(stored_ranks);
   ns->segment_info.resize(stored_ranks);
-  auto make_segment = [&](uint32_t rank, const std::string& bank,
-                          uint64_t rows, uint64_t row_bytes) -> absl::Status {
+  auto make_segment = [&](uint32_t rank, const std::string& bank, uint64_t rows,
+                          uint64_t row_bytes) -> absl::Status {
     shm::SegmentSpec spec;
     spec.file_name =
         absl::StrCat(options_.segment_prefix, ".", name, ".", bank, ".r", rank);
@@ -398,9 +399,9 @@ TierCore::CreateOrOpenLocked(const std::string& name, const v1::Layout& raw,
     info.set_data_offset(owned->data_offset());
     info.set_file_bytes(owned->file_bytes());
     info.set_huge_pages(owned->huge_pages());
-    SPDLOG_INFO("namespace '{}': bank '{}' rank {} {} ({} rows x {} B{})",
-                name, bank, rank, owned->created() ? "created" : "reopened",
-                rows, row_bytes, owned->huge_pages() ? ", 2 MiB pages" : "");
+    SPDLOG_INFO("namespace '{}': bank '{}' rank {} {} ({} rows x {} B{})", name,
+                bank, rank, owned->created() ? "created" : "reopened", rows,
+                row_bytes, owned->huge_pages() ? ", 2 MiB pages" : "");
     ns->segments[rank].push_back(std::move(owned));
     ns->segment_info[rank].push_back(std::move(info));
     return absl::OkStatus();
@@ -463,7 +464,8 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
     return absl::NotFoundError(
         absl::StrCat("session_id: no open session ", req.session_id()));
   }
-  const uint32_t tp_size = req.layout().tp_size() == 0 ? 1 : req.layout().tp_size();
+  const uint32_t tp_size =
+      req.layout().tp_size() == 0 ? 1 : req.layout().tp_size();
   if (req.tp_rank() >= tp_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tp_rank: ", req.tp_rank(), " is not below layout.tp_size ", tp_size));
@@ -479,10 +481,10 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
         "connecting the fast lookup socket after the session opens"));
   }
   if (acl != nullptr && !acl->Allows(peer)) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "namespace: uid ", peer.uid, " (gid ", peer.gid,
-        ") may not attach to namespace '", req.namespace_(),
-        "' (--namespace_acl entry '", acl->pattern, "')"));
+    return absl::PermissionDeniedError(
+        absl::StrCat("namespace: uid ", peer.uid, " (gid ", peer.gid,
+                     ") may not attach to namespace '", req.namespace_(),
+                     "' (--namespace_acl entry '", acl->pattern, "')"));
   }
   bool created = false;
   auto ns = CreateOrOpenLocked(req.namespace_(), req.layout(), req.capacity(),
@@ -491,9 +493,9 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
   Namespace& n = **ns;
   if (auto it = session->second.attached.find(n.id);
       it != session->second.attached.end() && it->second != req.tp_rank()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "tp_rank: this session is attached to namespace '", n.name,
-        "' as rank ", it->second, " already"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("tp_rank: this session is attached to namespace '", n.name,
+                     "' as rank ", it->second, " already"));
   }
   session->second.attached[n.id] = req.tp_rank();
   {
@@ -504,8 +506,8 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
   resp->set_layout_fingerprint(
       std::string(reinterpret_cast<const char*>(n.fingerprint.data()),
                   n.fingerprint.size()));
-  resp->set_hash_seed(DeriveHashSeed(n.name, n.fingerprint, req.tenant_salt(),
-                                     n.hash_bytes));
+  resp->set_hash_seed(
+      DeriveHashSeed(n.name, n.fingerprint, req.tenant_salt(), n.hash_bytes));
   resp->set_hash_bytes(n.hash_bytes);
   resp->set_created(created);
   for (const auto& seg : n.segment_info[n.StorageRank(req.tp_rank())]) {
@@ -559,15 +561,14 @@ absl::Status TierCore::Lookup(const v1::LookupRequest& req,
   if (absl::Status s = CheckVersion(req.api_version()); !s.ok()) return s;
   LookupOutcome out;
   if (req.has_device_pool() && req.device_pool() >= device_tiers_.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "device_pool: ", req.device_pool(), " but the daemon has ",
-        device_tiers_.size(), " device pools"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_pool: ", req.device_pool(), " but the daemon has ",
+                     device_tiers_.size(), " device pools"));
   }
   const int device_pool =
       req.has_device_pool() ? static_cast<int>(req.device_pool()) : -1;
   if (absl::Status s = LookupHashes(req.session_id(), req.namespace_id(),
-                                    req.hashes(), req.pin(), &out,
-                                    device_pool);
+                                    req.hashes(), req.pin(), &out, device_pool);
       !s.ok()) {
     return s;
   }
@@ -608,7 +609,8 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
   std::vector<HashKey> padded;
   absl::Span<const HashKey> keys;
   static_assert(sizeof(HashKey) == 32 && alignof(HashKey) == 1);
-  if (ns.hash_bytes == sizeof(HashKey) && hashes.size() % sizeof(HashKey) == 0 &&
+  if (ns.hash_bytes == sizeof(HashKey) &&
+      hashes.size() % sizeof(HashKey) == 0 &&
       hashes.size() / sizeof(HashKey) <= kMaxLookupPages) {
     keys = absl::MakeConstSpan(reinterpret_cast<const HashKey*>(hashes.data()),
                                hashes.size() / sizeof(HashKey));
@@ -657,8 +659,8 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
   // holds the same one: the pages up to it are the host's (pinned by the
   // host lease), so the answer never outgrows what the host index vouches
   // for.
-  auto device_hit = [&](bool pin_device) -> std::optional<
-                                             DeviceSnapshotTier::Hit> {
+  auto device_hit =
+      [&](bool pin_device) -> std::optional<DeviceSnapshotTier::Hit> {
     if (device_pool < 0 || !r.has_snapshot || r.usable_pages == 0) {
       return std::nullopt;
     }
@@ -714,12 +716,11 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
 absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
                                v1::ReserveResponse* resp) {
   uint32_t rank = 0;
-  auto ns_or = Resolve(req.api_version(), req.session_id(),
-                       req.namespace_id(), &rank);
+  auto ns_or =
+      Resolve(req.api_version(), req.session_id(), req.namespace_id(), &rank);
   if (!ns_or.ok()) return ns_or.status();
   Namespace& ns = **ns_or;
-  if (req.pages() == 0 && req.snapshots() == 0 &&
-      req.device_snapshots() == 0) {
+  if (req.pages() == 0 && req.snapshots() == 0 && req.device_snapshots() == 0) {
     return absl::InvalidArgumentError(
         "pages, snapshots, device_snapshots: reserve at least one row");
   }
@@ -727,21 +728,22 @@ absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
     if (req.device_pool() >= device_tiers_.size()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "device_pool: ", req.device_pool(), " but the daemon has ",
-          device_tiers_.size(),
-          " device pools (kvtierd --device_pool_bytes)"));
+          device_tiers_.size(), " device pools (kvtierd --device_pool_bytes)"));
     }
     const DevicePoolExport& e = options_.device_pools[req.device_pool()];
     if (ns.layout.snapshot_row_bytes() == 0 ||
         ns.layout.snapshot_row_bytes() > e.row_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "device_snapshots: the namespace's snapshots (",
-          ns.layout.snapshot_row_bytes(), " bytes) do not fit the device "
-          "pool's slots (", e.row_bytes, " bytes)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("device_snapshots: the namespace's snapshots (",
+                       ns.layout.snapshot_row_bytes(),
+                       " bytes) do not fit the device "
+                       "pool's slots (",
+                       e.row_bytes, " bytes)"));
     }
     if (req.device_snapshots() > e.rows) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "device_snapshots: ", req.device_snapshots(),
-          " exceeds the device pool's ", e.rows, " slots"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("device_snapshots: ", req.device_snapshots(),
+                       " exceeds the device pool's ", e.rows, " slots"));
     }
   }
   if (req.pages() > ns.page_rows) {
@@ -755,7 +757,7 @@ absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
   }
   absl::MutexLock lock(&ns.mu);
   ApplyPendingTouches(ns);  // Evictions must see every lookup's recency.
-  ++ns.evict_epoch;  // Allocation may evict.
+  ++ns.evict_epoch;         // Allocation may evict.
   std::vector<uint32_t> pages, snaps;
   if (req.pages() > 0) {
     auto p = ns.index->AllocatePageRows(rank, req.pages());
@@ -784,8 +786,8 @@ absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
   // The rows reach the engine only once the journal knows they may be
   // overwritten: replay then forgets whatever they held.
   if (ns.journal != nullptr) {
-    if (absl::Status s = JournalLocked(
-            ns, ns.journal->AppendReserve(rank, pages, snaps));
+    if (absl::Status s =
+            JournalLocked(ns, ns.journal->AppendReserve(rank, pages, snaps));
         !s.ok()) {
       (void)ns.index->FreePageRows(rank, pages);
       (void)ns.index->FreeSnapshotRows(rank, snaps);
@@ -801,9 +803,10 @@ absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
   ns.reserved_snapshot_rows += snaps.size();
   resp->mutable_device_snapshot_rows()->Assign(device_rows.begin(),
                                                device_rows.end());
-  ns.reservations[id] = Namespace::Reservation{
-      req.session_id(), rank,          std::move(pages),
-      std::move(snaps), req.device_pool(), std::move(device_rows)};
+  ns.reservations[id] =
+      Namespace::Reservation{req.session_id(),  rank,
+                             std::move(pages),  std::move(snaps),
+                             req.device_pool(), std::move(device_rows)};
   return absl::OkStatus();
 }
 
@@ -811,8 +814,8 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
                               v1::CommitResponse* resp) {
   if (req.mirror_indices_size() > 0) return AdoptMirror(req, resp);
   uint32_t rank = 0;
-  auto ns_or = Resolve(req.api_version(), req.session_id(),
-                       req.namespace_id(), &rank);
+  auto ns_or =
+      Resolve(req.api_version(), req.session_id(), req.namespace_id(), &rank);
   if (!ns_or.ok()) return ns_or.status();
   Namespace& ns = **ns_or;
   std::vector<HashKey> keys;
@@ -832,17 +835,16 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
   }
   absl::MutexLock lock(&ns.mu);
   auto it = ns.reservations.find(req.reservation_id());
-  if (it == ns.reservations.end() ||
-      it->second.session != req.session_id()) {
+  if (it == ns.reservations.end() || it->second.session != req.session_id()) {
     return absl::NotFoundError(
         absl::StrCat("reservation_id: no reservation ", req.reservation_id(),
                      " of this session in namespace '", ns.name, "'"));
   }
   Namespace::Reservation& r = it->second;
   if (keys.size() != r.page_rows.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "hashes: ", keys.size(), " hashes for a reservation of ",
-        r.page_rows.size(), " page rows"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("hashes: ", keys.size(), " hashes for a reservation of ",
+                     r.page_rows.size(), " page rows"));
   }
   std::vector<PrefixIndex::SnapshotPlacement> placements;
   std::vector<bool> placed(r.snapshot_rows.size(), false);
@@ -874,9 +876,11 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
     const auto& p = req.device_snapshots(i);
     const std::string field = absl::StrCat("device_snapshots[", i, "]");
     if (p.index() >= r.device_rows.size() || device_placed[p.index()]) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ".index: ", p.index(), " is not an unplaced one of the "
-          "reservation's ", r.device_rows.size(), " device snapshot rows"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".index: ", p.index(),
+                       " is not an unplaced one of the "
+                       "reservation's ",
+                       r.device_rows.size(), " device snapshot rows"));
     }
     device_placed[p.index()] = true;
     HashKey h;
@@ -919,11 +923,11 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
   // UNAVAILABLE: a restart may lose them.
   absl::Status journaled;
   if (ns.journal != nullptr) {
-    journaled = JournalLocked(
-        ns, ns.journal->AppendCommit(rank, has_parent ? &parent : nullptr, keys,
-                                     r.page_rows, placements,
-                                     result->freed_page_rows,
-                                     result->freed_snapshot_rows));
+    journaled =
+        JournalLocked(ns, ns.journal->AppendCommit(
+                              rank, has_parent ? &parent : nullptr, keys,
+                              r.page_rows, placements, result->freed_page_rows,
+                              result->freed_snapshot_rows));
   }
   std::vector<uint32_t> unplaced;
   for (size_t i = 0; i < placed.size(); ++i) {
@@ -960,8 +964,8 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
 absl::Status TierCore::AdoptMirror(const v1::CommitRequest& req,
                                    v1::CommitResponse* resp) {
   uint32_t rank = 0;
-  auto ns_or = Resolve(req.api_version(), req.session_id(),
-                       req.namespace_id(), &rank);
+  auto ns_or =
+      Resolve(req.api_version(), req.session_id(), req.namespace_id(), &rank);
   if (!ns_or.ok()) return ns_or.status();
   Namespace& ns = **ns_or;
   std::vector<HashKey> keys;
@@ -978,9 +982,9 @@ absl::Status TierCore::AdoptMirror(const v1::CommitRequest& req,
         "snapshots, device_snapshots: not supported with mirror_indices");
   }
   if (static_cast<size_t>(req.mirror_indices_size()) != keys.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "mirror_indices: ", req.mirror_indices_size(), " indices for ",
-        keys.size(), " hashes"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("mirror_indices: ", req.mirror_indices_size(),
+                     " indices for ", keys.size(), " hashes"));
   }
   HashKey parent;
   const bool has_parent = !req.parent_hash().empty();
@@ -993,12 +997,10 @@ absl::Status TierCore::AdoptMirror(const v1::CommitRequest& req,
   }
   absl::MutexLock lock(&ns.mu);
   auto it = ns.reservations.find(req.reservation_id());
-  if (it == ns.reservations.end() ||
-      it->second.session != req.session_id()) {
-    return absl::NotFoundError(
-        absl::StrCat("reservation_id: no mirror reservation ",
-                     req.reservation_id(), " of this session in namespace '",
-                     ns.name, "'"));
+  if (it == ns.reservations.end() || it->second.session != req.session_id()) {
+    return absl::NotFoundError(absl::StrCat(
+        "reservation_id: no mirror reservation ", req.reservation_id(),
+        " of this session in namespace '", ns.name, "'"));
   }
   // Mirror rows are reserved, never committed: the allocation below cannot
   // evict them.
@@ -1037,8 +1039,8 @@ absl::Status TierCore::AdoptMirror(const v1::CommitRequest& req,
       std::memcpy(seg.row(rows[i]), seg.row(sources[i]), row_bytes);
     }
   }
-  auto result = ns.index->Commit(rank, has_parent ? &parent : nullptr, keys,
-                                 rows, {});
+  auto result =
+      ns.index->Commit(rank, has_parent ? &parent : nullptr, keys, rows, {});
   if (!result.ok()) {
     (void)ns.index->FreePageRows(rank, rows);
     return result.status();
@@ -1059,14 +1061,13 @@ absl::Status TierCore::AdoptMirror(const v1::CommitRequest& req,
 
 absl::Status TierCore::Abort(const v1::AbortRequest& req, v1::AbortResponse*) {
   uint32_t rank = 0;
-  auto ns_or = Resolve(req.api_version(), req.session_id(),
-                       req.namespace_id(), &rank);
+  auto ns_or =
+      Resolve(req.api_version(), req.session_id(), req.namespace_id(), &rank);
   if (!ns_or.ok()) return ns_or.status();
   Namespace& ns = **ns_or;
   absl::MutexLock lock(&ns.mu);
   auto it = ns.reservations.find(req.reservation_id());
-  if (it == ns.reservations.end() ||
-      it->second.session != req.session_id()) {
+  if (it == ns.reservations.end() || it->second.session != req.session_id()) {
     return absl::NotFoundError(
         absl::StrCat("reservation_id: no reservation ", req.reservation_id(),
                      " of this session in namespace '", ns.name, "'"));
@@ -1086,8 +1087,8 @@ absl::Status TierCore::Abort(const v1::AbortRequest& req, v1::AbortResponse*) {
 absl::Status TierCore::Release(const v1::ReleaseRequest& req,
                                v1::ReleaseResponse*) {
   uint32_t rank = 0;
-  auto ns_or = Resolve(req.api_version(), req.session_id(),
-                       req.namespace_id(), &rank);
+  auto ns_or =
+      Resolve(req.api_version(), req.session_id(), req.namespace_id(), &rank);
   if (!ns_or.ok()) return ns_or.status();
   Namespace& ns = **ns_or;
   absl::MutexLock lock(&ns.mu);
@@ -1124,7 +1125,8 @@ absl::Status TierCore::Drop(const v1::DropRequest& req,
     ns = it->second;
     if (!req.hash().empty()) {
       HashKey key;
-      if (absl::Status s = ParseOneHash(req.hash(), ns->hash_bytes, "hash", &key);
+      if (absl::Status s =
+              ParseOneHash(req.hash(), ns->hash_bytes, "hash", &key);
           !s.ok()) {
         return s;
       }
@@ -1134,8 +1136,7 @@ absl::Status TierCore::Drop(const v1::DropRequest& req,
       auto dropped = ns->index->DropSubtree(key);
       if (!dropped.ok()) return dropped.status();
       if (ns->journal != nullptr) {
-        if (absl::Status s =
-                JournalLocked(*ns, ns->journal->AppendDrop(key));
+        if (absl::Status s = JournalLocked(*ns, ns->journal->AppendDrop(key));
             !s.ok()) {
           return s;
         }
@@ -1284,8 +1285,8 @@ absl::Status TierCore::ListPrefixes(const v1::ListPrefixesRequest& req,
     return s;
   }
   if (!v1::ListPrefixesRequest::Order_IsValid(req.order())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "order: unknown value ", static_cast<int>(req.order())));
+    return absl::InvalidArgumentError(
+        absl::StrCat("order: unknown value ", static_cast<int>(req.order())));
   }
   if (req.limit() > 10000) {
     return absl::InvalidArgumentError(
@@ -1344,11 +1345,11 @@ absl::Status TierCore::CheckInvariants() {
         reserved_snaps += r.snapshot_rows.size();
       }
       if (u.allocated_page_rows[rank] != reserved_pages) {
-        return absl::InternalError(absl::StrCat(
-            "namespace '", ns->name, "' rank ", rank, ": index holds ",
-            u.allocated_page_rows[rank],
-            " allocated uncommitted page rows, reservations hold ",
-            reserved_pages));
+        return absl::InternalError(
+            absl::StrCat("namespace '", ns->name, "' rank ", rank,
+                         ": index holds ", u.allocated_page_rows[rank],
+                         " allocated uncommitted page rows, reservations hold ",
+                         reserved_pages));
       }
       if (u.allocated_snapshot_rows[rank] != reserved_snaps) {
         return absl::InternalError(absl::StrCat(
@@ -1360,16 +1361,16 @@ absl::Status TierCore::CheckInvariants() {
     }
     for (const auto& [id, r] : ns->reservations) {
       if (!live.contains(r.session)) {
-        return absl::InternalError(absl::StrCat(
-            "namespace '", ns->name, "': reservation ", id,
-            " belongs to closed session ", r.session));
+        return absl::InternalError(
+            absl::StrCat("namespace '", ns->name, "': reservation ", id,
+                         " belongs to closed session ", r.session));
       }
     }
     for (const auto& [id, l] : ns->leases) {
       if (!live.contains(l.session)) {
-        return absl::InternalError(absl::StrCat(
-            "namespace '", ns->name, "': lease ", id,
-            " belongs to closed session ", l.session));
+        return absl::InternalError(
+            absl::StrCat("namespace '", ns->name, "': lease ", id,
+                         " belongs to closed session ", l.session));
       }
     }
   }
@@ -1377,7 +1378,7 @@ absl::Status TierCore::CheckInvariants() {
 }
 
 absl::Status TierCore::Verify(const v1::VerifyRequest& req,
-                             v1::VerifyResponse* resp) {
+                              v1::VerifyResponse* resp) {
   if (absl::Status s = CheckVersion(req.api_version()); !s.ok()) return s;
   {
     absl::ReaderMutexLock lock(&mu_);
@@ -1481,8 +1482,8 @@ absl::StatusOr<TierCore::RecoveryReport> TierCore::Recover() {
     ::chmod(dir.c_str(), 0700);
   }
   if (ec) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "state_dir: cannot create ", dir, ": ", ec.message()));
+    return absl::FailedPreconditionError(
+        absl::StrCat("state_dir: cannot create ", dir, ": ", ec.message()));
   }
   const std::string lock_path = dir + "/lock";
   const int lock_fd =
@@ -1493,9 +1494,9 @@ absl::StatusOr<TierCore::RecoveryReport> TierCore::Recover() {
   }
   if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
     ::close(lock_fd);
-    return absl::FailedPreconditionError(absl::StrCat(
-        "state_dir: ", dir, " is locked by another kvtierd (", lock_path,
-        "); give each daemon its own --state_dir"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("state_dir: ", dir, " is locked by another kvtierd (",
+                     lock_path, "); give each daemon its own --state_dir"));
   }
   state_lock_fd_ = lock_fd;
   auto names = ListJournals(dir);
@@ -1512,15 +1513,17 @@ absl::StatusOr<TierCore::RecoveryReport> TierCore::Recover() {
     report.journal_bytes += contents->file_bytes;
     if (!contents->stopped.empty()) {
       ++report.journals_torn;
-      SPDLOG_WARN("recovery: namespace '{}': replay stopped after {} records: "
-                  "{} ({} of {} bytes used)",
-                  name, contents->records, contents->stopped,
-                  contents->valid_bytes, contents->file_bytes);
+      SPDLOG_WARN(
+          "recovery: namespace '{}': replay stopped after {} records: "
+          "{} ({} of {} bytes used)",
+          name, contents->records, contents->stopped, contents->valid_bytes,
+          contents->file_bytes);
     }
     if (contents->inconsistent != 0) {
-      SPDLOG_WARN("recovery: namespace '{}': {} commit records disagreed with "
-                  "the replayed state and were applied in part",
-                  name, contents->inconsistent);
+      SPDLOG_WARN(
+          "recovery: namespace '{}': {} commit records disagreed with "
+          "the replayed state and were applied in part",
+          name, contents->inconsistent);
     }
     const JournalHeader& h = contents->header;
     v1::Capacity capacity;
@@ -1536,9 +1539,10 @@ absl::StatusOr<TierCore::RecoveryReport> TierCore::Recover() {
       recovering_ = false;
     }
     if (!ns_or.ok()) {
-      SPDLOG_ERROR("recovery: namespace '{}' cannot be reopened ({}); "
-                   "forgetting it",
-                   name, ns_or.status().ToString());
+      SPDLOG_ERROR(
+          "recovery: namespace '{}' cannot be reopened ({}); "
+          "forgetting it",
+          name, ns_or.status().ToString());
       std::filesystem::remove(path, ec);
       continue;
     }
@@ -1550,10 +1554,10 @@ absl::StatusOr<TierCore::RecoveryReport> TierCore::Recover() {
       for (size_t i = 0; i < ns.segments[r].size() && doubt.empty(); ++i) {
         const shm::Segment& seg = *ns.segments[r][i];
         const std::string& bank = ns.segment_info[r][i].bank();
-        auto known = std::find_if(
-            h.segments.begin(), h.segments.end(), [&](const JournalSegment& j) {
-              return j.rank == r && j.bank == bank;
-            });
+        auto known = std::find_if(h.segments.begin(), h.segments.end(),
+                                  [&](const JournalSegment& j) {
+                                    return j.rank == r && j.bank == bank;
+                                  });
         if (known == h.segments.end()) {
           doubt = absl::StrCat("bank '", bank, "' rank ", r,
                                " is not in the journal");
@@ -1578,9 +1582,10 @@ absl::StatusOr<TierCore::RecoveryReport> TierCore::Recover() {
     }
     if (!doubt.empty()) {
       ++report.namespaces_emptied;
-      SPDLOG_WARN("recovery: namespace '{}' reopened empty: {}; its {} "
-                  "journaled pages are not served",
-                  name, doubt, contents->keys.size());
+      SPDLOG_WARN(
+          "recovery: namespace '{}' reopened empty: {}; its {} "
+          "journaled pages are not served",
+          name, doubt, contents->keys.size());
     }
     auto journal = NamespaceJournal::Create(path, ns.MakeJournalHeader(),
                                             *ns.index, options_.journal);
@@ -1591,8 +1596,8 @@ absl::StatusOr<TierCore::RecoveryReport> TierCore::Recover() {
     }
     ns.journal = *std::move(journal);
     ++report.namespaces;
-    SPDLOG_INFO("recovery: namespace '{}': {} pages from {} records",
-                name, ns.index->GetUsage().nodes, contents->records);
+    SPDLOG_INFO("recovery: namespace '{}': {} pages from {} records", name,
+                ns.index->GetUsage().nodes, contents->records);
   }
   report.elapsed = absl::Now() - start;
   return report;

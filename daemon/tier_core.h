@@ -82,7 +82,6 @@ struct TierOptions {
   std::vector<DevicePoolExport> device_pools;
 };
 
-
 class TierCore {
  public:
   explicit TierCore(TierOptions options);

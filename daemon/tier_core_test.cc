@@ -107,10 +107,10 @@ class TierCoreTest : public ::testing::Test {
     return resp;
   }
 
-  absl::Status Commit(uint64_t session, uint64_t ns, uint64_t reservation,
-                      const std::string& parent, const std::string& hashes,
-                      std::vector<std::pair<uint32_t, std::string>> snaps =
-                          {}) {
+  absl::Status Commit(
+      uint64_t session, uint64_t ns, uint64_t reservation,
+      const std::string& parent, const std::string& hashes,
+      std::vector<std::pair<uint32_t, std::string>> snaps = {}) {
     v1::CommitRequest req;
     req.set_session_id(session);
     req.set_namespace_id(ns);
@@ -200,7 +200,8 @@ TEST_F(TierCoreTest, ReserveCommitLookupRoundTrip) {
   ASSERT_EQ(r->page_rows_size(), 10);
   // Not visible before commit.
   EXPECT_EQ(Lookup(s, a.namespace_id(), hashes).matched_pages(), 0u);
-  ASSERT_TRUE(Commit(s, a.namespace_id(), r->reservation_id(), "", hashes).ok());
+  ASSERT_TRUE(
+      Commit(s, a.namespace_id(), r->reservation_id(), "", hashes).ok());
   v1::LookupResponse l = Lookup(s, a.namespace_id(), hashes);
   EXPECT_EQ(l.matched_pages(), 10u);
   EXPECT_EQ(l.usable_pages(), 10u);
@@ -268,8 +269,8 @@ TEST_F(TierCoreTest, SessionCloseReturnsReservationsAndPins) {
   const std::string hashes = RandomHashes(8, 32, 5);
   auto r = Reserve(owner, a.namespace_id(), 8);
   ASSERT_TRUE(r.ok());
-  ASSERT_TRUE(Commit(owner, a.namespace_id(), r->reservation_id(), "", hashes)
-                  .ok());
+  ASSERT_TRUE(
+      Commit(owner, a.namespace_id(), r->reservation_id(), "", hashes).ok());
   const uint64_t engine = Open();
   Attach(engine, "ns", AttentionLayout());
   v1::LookupResponse pinned = Lookup(engine, a.namespace_id(), hashes, true);
@@ -348,8 +349,8 @@ TEST_F(TierCoreTest, TensorParallelGroupMatchesWhatEveryRankHas) {
   const std::string hashes = RandomHashes(6, 32, 7);
   auto res0 = Reserve(r0, a0.namespace_id(), 6);
   ASSERT_TRUE(res0.ok());
-  ASSERT_TRUE(Commit(r0, a0.namespace_id(), res0->reservation_id(), "", hashes)
-                  .ok());
+  ASSERT_TRUE(
+      Commit(r0, a0.namespace_id(), res0->reservation_id(), "", hashes).ok());
   EXPECT_EQ(Lookup(r0, a0.namespace_id(), hashes).matched_pages(), 0u);
   auto res1 = Reserve(r1, a1.namespace_id(), 4);
   ASSERT_TRUE(res1.ok());
@@ -390,7 +391,8 @@ TEST_F(TierCoreTest, NamespacesAreIsolated) {
   const std::string hashes = RandomHashes(3, 32, 9);
   auto r = Reserve(s, a.namespace_id(), 3);
   ASSERT_TRUE(r.ok());
-  ASSERT_TRUE(Commit(s, a.namespace_id(), r->reservation_id(), "", hashes).ok());
+  ASSERT_TRUE(
+      Commit(s, a.namespace_id(), r->reservation_id(), "", hashes).ok());
   EXPECT_EQ(Lookup(s, a.namespace_id(), hashes).matched_pages(), 3u);
   EXPECT_EQ(Lookup(s, b.namespace_id(), hashes).matched_pages(), 0u);
 }

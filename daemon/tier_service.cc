@@ -22,7 +22,9 @@ class SessionReactor
  public:
   SessionReactor(TierCore* core, TierService* service,
                  const std::string& fast_lookup_socket)
-      : core_(core), service_(service), fast_lookup_socket_(fast_lookup_socket) {
+      : core_(core),
+        service_(service),
+        fast_lookup_socket_(fast_lookup_socket) {
     draining_.mutable_draining();
     service_->Register(this);
     StartRead(&request_);
@@ -171,16 +173,15 @@ void TierService::DrainSessions() {
 }
 
 // Lookup, Commit and Attach are timed into the metrics' histograms.
-#define KVTIER_UNARY(Method)                                                \
-  grpc::ServerUnaryReactor* TierService::Method(                           \
-      grpc::CallbackServerContext* context, const v1::Method##Request* req, \
-      v1::Method##Response* resp) {                                         \
-    constexpr TimedOp kOp = TimedOpOf(#Method);                             \
-    OpTimer timer(kOp, Transport::kGrpc);                                   \
-    absl::Status status = core_->Method(*req, resp);                        \
-    timer.Done(status.ok());                                                \
-    return Unary<v1::Method##Request, v1::Method##Response>(context,        \
-                                                            status);       \
+#define KVTIER_UNARY(Method)                                                  \
+  grpc::ServerUnaryReactor* TierService::Method(                              \
+      grpc::CallbackServerContext* context, const v1::Method##Request* req,   \
+      v1::Method##Response* resp) {                                           \
+    constexpr TimedOp kOp = TimedOpOf(#Method);                               \
+    OpTimer timer(kOp, Transport::kGrpc);                                     \
+    absl::Status status = core_->Method(*req, resp);                          \
+    timer.Done(status.ok());                                                  \
+    return Unary<v1::Method##Request, v1::Method##Response>(context, status); \
   }
 
 KVTIER_UNARY(Attach)

@@ -90,8 +90,7 @@ class Program {
 
   void Run() {
     Prelude();
-    for (int step = 0; step < kMaxSteps && in_.remaining_bytes() > 0;
-         ++step) {
+    for (int step = 0; step < kMaxSteps && in_.remaining_bytes() > 0; ++step) {
       const std::string before = State(), before_shape = Shape();
       const int op = in_.ConsumeIntegralInRange<int>(0, 15);
       absl::Status s = Step(op);
@@ -99,7 +98,8 @@ class Program {
       // to RESOURCE_EXHAUSTED (PrefixIndex::AllocatePageRows says so):
       // then only the cache may have shrunk.
       const bool exhausted = s.code() == absl::StatusCode::kResourceExhausted;
-      if (!s.ok() && (exhausted ? Shape() != before_shape : State() != before)) {
+      if (!s.ok() &&
+          (exhausted ? Shape() != before_shape : State() != before)) {
         Fail("op " + std::to_string(op) + " failed (" + s.ToString() +
              ") yet changed the state");
       }
@@ -267,26 +267,37 @@ class Program {
   }
   std::string OneHash(uint64_t ns_id) {
     const uint32_t hb = HashBytes(ns_id);
-    std::string h =
-        Hashes(in_.ConsumeIntegralInRange<uint32_t>(1, 4), hb);
+    std::string h = Hashes(in_.ConsumeIntegralInRange<uint32_t>(1, 4), hb);
     return h.size() >= hb ? h.substr(h.size() - hb) : h;
   }
   std::string RawBytes() { return in_.ConsumeRandomLengthString(512); }
 
   absl::Status Step(int op) {
     switch (op) {
-      case 0: return OpenSession();
-      case 1: return CloseSession();
-      case 2: return BindPeer();
-      case 3: return Attach();
-      case 4: return Lookup();
-      case 5: return Reserve();
-      case 6: return Commit();
-      case 7: return Abort();
-      case 8: return Release();
-      case 9: return Drop();
-      case 10: return Operator();
-      default: return Raw();
+      case 0:
+        return OpenSession();
+      case 1:
+        return CloseSession();
+      case 2:
+        return BindPeer();
+      case 3:
+        return Attach();
+      case 4:
+        return Lookup();
+      case 5:
+        return Reserve();
+      case 6:
+        return Commit();
+      case 7:
+        return Abort();
+      case 8:
+        return Release();
+      case 9:
+        return Drop();
+      case 10:
+        return Operator();
+      default:
+        return Raw();
     }
   }
 
@@ -303,7 +314,8 @@ class Program {
 
   absl::Status CloseSession() {
     if (sessions_.empty()) return absl::OkStatus();
-    const size_t i = in_.ConsumeIntegralInRange<size_t>(0, sessions_.size() - 1);
+    const size_t i =
+        in_.ConsumeIntegralInRange<size_t>(0, sessions_.size() - 1);
     core_.CloseSession(sessions_[i]);
     sessions_.erase(sessions_.begin() + static_cast<long>(i));
     return absl::OkStatus();
@@ -324,7 +336,8 @@ class Program {
     if (s.ok()) {
       bool known = false;
       for (const Ns& ns : namespaces_) known |= ns.id == resp.namespace_id();
-      if (!known) namespaces_.push_back({resp.namespace_id(), resp.hash_bytes()});
+      if (!known)
+        namespaces_.push_back({resp.namespace_id(), resp.hash_bytes()});
     }
     return s;
   }
@@ -387,10 +400,10 @@ class Program {
     v1::ReserveResponse resp;
     absl::Status s = core_.Reserve(req, &resp);
     if (s.ok()) {
-      reservations_.push_back({req.session_id(), req.namespace_id(),
-                               resp.reservation_id(),
-                               static_cast<uint32_t>(resp.page_rows_size()),
-                               static_cast<uint32_t>(resp.snapshot_rows_size())});
+      reservations_.push_back(
+          {req.session_id(), req.namespace_id(), resp.reservation_id(),
+           static_cast<uint32_t>(resp.page_rows_size()),
+           static_cast<uint32_t>(resp.snapshot_rows_size())});
     }
     return s;
   }
@@ -416,14 +429,16 @@ class Program {
     const uint32_t hb = HashBytes(req.namespace_id());
     if (in_.ConsumeBool()) req.set_parent_hash(OneHash(req.namespace_id()));
     req.set_hashes(Hashes(pages, hb));
-    const uint32_t placements = in_.ConsumeIntegralInRange<uint32_t>(0, snaps + 1);
+    const uint32_t placements =
+        in_.ConsumeIntegralInRange<uint32_t>(0, snaps + 1);
     for (uint32_t i = 0; i < placements; ++i) {
       auto* p = req.add_snapshots();
       p->set_index(in_.ConsumeIntegralInRange<uint32_t>(0, snaps));
-      p->set_hash(in_.ConsumeBool() && pages > 0
-                      ? req.hashes().substr(
-                            in_.ConsumeIntegralInRange<uint32_t>(0, pages - 1) * hb, hb)
-                      : OneHash(req.namespace_id()));
+      p->set_hash(
+          in_.ConsumeBool() && pages > 0
+              ? req.hashes().substr(
+                    in_.ConsumeIntegralInRange<uint32_t>(0, pages - 1) * hb, hb)
+              : OneHash(req.namespace_id()));
     }
     v1::CommitResponse resp;
     absl::Status s = core_.Commit(req, &resp);
@@ -543,8 +558,8 @@ class Program {
         v1::LookupResponse resp;
         absl::Status s = core_.Lookup(req, &resp);
         if (s.ok() && resp.lease_id() != 0) {
-          leases_.push_back({req.session_id(), req.namespace_id(),
-                             resp.lease_id()});
+          leases_.push_back(
+              {req.session_id(), req.namespace_id(), resp.lease_id()});
         }
         return s;
       }
@@ -565,7 +580,8 @@ class Program {
       case 3: {
         v1::CommitRequest req;
         if (!Parse(&req)) return absl::OkStatus();
-        if (const Res* r = Pick(reservations_); r != nullptr && in_.ConsumeBool()) {
+        if (const Res* r = Pick(reservations_);
+            r != nullptr && in_.ConsumeBool()) {
           req.set_reservation_id(r->id);
         }
         v1::CommitResponse resp;

@@ -44,13 +44,17 @@ constexpr char kService[] = "/kvtier.v1.TierService/";
 // Byte strings no protobuf parser accepts.
 std::vector<std::string> NotProtobuf() {
   return {
-      std::string("\xff", 1),                        // Truncated tag varint.
-      std::string("\x0a\x80\x01" "abc", 6),          // Length 128, 3 bytes.
-      std::string("\x0f", 1),                        // Wire type 7.
+      std::string("\xff", 1),  // Truncated tag varint.
+      std::string("\x0a\x80\x01"
+                  "abc",
+                  6),          // Length 128, 3 bytes.
+      std::string("\x0f", 1),  // Wire type 7.
       std::string("\x08\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\x01", 12),
-      std::string("\x0b", 1),                        // Unterminated group.
-      std::string(100000, '\x0b'),                   // 100,000 nested groups.
-      std::string("\x22\x05\x0a\x03" "ab", 6),       // Truncated submessage.
+      std::string("\x0b", 1),       // Unterminated group.
+      std::string(100000, '\x0b'),  // 100,000 nested groups.
+      std::string("\x22\x05\x0a\x03"
+                  "ab",
+                  6),  // Truncated submessage.
   };
 }
 
@@ -137,9 +141,9 @@ class HostileInputTest : public ::testing::Test {
     if (HasFatalFailure() || IsSkipped()) return;
     // Still serving, still consistent.
     v1::VerifyResponse verify;
-    ASSERT_TRUE(Call(&v1::TierService::Stub::Verify, v1::VerifyRequest(),
-                     &verify)
-                    .ok());
+    ASSERT_TRUE(
+        Call(&v1::TierService::Stub::Verify, v1::VerifyRequest(), &verify)
+            .ok());
     EXPECT_TRUE(verify.ok()) << verify.violation();
     auto lease = na_->Lookup(hashes_, /*pin=*/false);
     ASSERT_TRUE(lease.ok()) << lease.status();
@@ -166,8 +170,8 @@ class HostileInputTest : public ::testing::Test {
   // successful lookups (TearDown's) move.
   std::string State() {
     v1::StatsResponse stats;
-    grpc::Status s = Call(&v1::TierService::Stub::Stats, v1::StatsRequest(),
-                          &stats);
+    grpc::Status s =
+        Call(&v1::TierService::Stub::Stats, v1::StatsRequest(), &stats);
     EXPECT_TRUE(s.ok()) << s.error_message();
     stats.clear_uptime_seconds();
     std::string out;
@@ -206,8 +210,8 @@ class HostileInputTest : public ::testing::Test {
     grpc::CompletionQueue cq;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-    auto call = generic.PrepareCall(&ctx, std::string(kService) + "Session",
-                                    &cq);
+    auto call =
+        generic.PrepareCall(&ctx, std::string(kService) + "Session", &cq);
     void* tag;
     bool ok;
     call->StartCall(reinterpret_cast<void*>(1));
@@ -306,7 +310,7 @@ TEST_F(HostileInputTest, TruncatedAndMalformedStreams) {
       preface + frame(0, 4, 0, 0) + frame(1000, 1, 4, 1) + "\x82\x86",
       preface + frame(0, 4, 0, 0) + frame(16, 0, 0, 1) + std::string(5, 0),
       preface + frame(0, 4, 0, 0) + frame(0xffffff, 0, 0, 1),  // Huge DATA.
-      preface + std::string(4096, '\xff'),                 // Garbage frames.
+      preface + std::string(4096, '\xff'),  // Garbage frames.
   };
   for (const std::string& bytes : streams) {
     const int fd = Connect(daemon_.socket());
@@ -539,8 +543,7 @@ TEST_F(HostileInputTest, HugeCountsWrongIdsAndDoubleOperations) {
     auto c2 = Req<v1::CommitRequest>(*a_, *na_);
     c2.set_reservation_id(res_b_.id());
     c2.set_hashes(RandomLike(2));
-    ExpectRejected(Call(&Stub::Commit, c2, &resp), kNotFound,
-                   "reservation_id");
+    ExpectRejected(Call(&Stub::Commit, c2, &resp), kNotFound, "reservation_id");
     auto ab = Req<v1::AbortRequest>(*b_, *nb_);
     ab.set_reservation_id(res_a_.id());
     v1::AbortResponse aresp;
@@ -571,8 +574,7 @@ TEST_F(HostileInputTest, HugeCountsWrongIdsAndDoubleOperations) {
     c.set_reservation_id(id);
     c.set_hashes(RandomLike(2));
     v1::CommitResponse cresp;
-    ExpectRejected(Call(&Stub::Commit, c, &cresp), kNotFound,
-                   "reservation_id");
+    ExpectRejected(Call(&Stub::Commit, c, &cresp), kNotFound, "reservation_id");
 
     const uint64_t bid = res_b_.id();
     auto done = res_b_.Commit("", RandomLike(2));

@@ -90,7 +90,8 @@ absl::StatusOr<gid_t> EnsureGroup(const std::string& name) {
   if (group* g = getgrnam(name.c_str()); g != nullptr) return g->gr_gid;
   if (absl::Status s = Run({Tool("groupadd"), "-f", name}); !s.ok()) return s;
   group* g = getgrnam(name.c_str());
-  if (g == nullptr) return absl::InternalError("groupadd made no group " + name);
+  if (g == nullptr)
+    return absl::InternalError("groupadd made no group " + name);
   return g->gr_gid;
 }
 
@@ -127,10 +128,9 @@ Outcome RunAs(const User* user, const std::function<int(std::string*)>& body) {
   const pid_t pid = fork();
   if (pid == 0) {
     close(fds[0]);
-    if (user != nullptr &&
-        (initgroups(user->name.c_str(), user->gid) != 0 ||
-         setgid(user->gid) != 0 || setuid(user->uid) != 0 ||
-         getuid() != user->uid)) {
+    if (user != nullptr && (initgroups(user->name.c_str(), user->gid) != 0 ||
+                            setgid(user->gid) != 0 || setuid(user->uid) != 0 ||
+                            getuid() != user->uid)) {
       _exit(120);
     }
     std::string out;
@@ -274,11 +274,11 @@ class IsolationTest : public ::testing::Test {
     a_ = *a;
     b_ = *b;
     c_ = *c;
-    ASSERT_TRUE(daemon_
-                    .Start({absl::StrCat("--group=", kGroup),
-                            absl::StrCat("--namespace_acl=team=group:",
-                                         kTeamGroup)})
-                    .ok());
+    ASSERT_TRUE(
+        daemon_
+            .Start({absl::StrCat("--group=", kGroup),
+                    absl::StrCat("--namespace_acl=team=group:", kTeamGroup)})
+            .ok());
     // Only the files' own modes guard them: the folders are open to all.
     ASSERT_EQ(chmod(daemon_.dir().c_str(), 0755), 0);
     ASSERT_EQ(chmod(daemon_.shm_dir().c_str(), 0755), 0);
@@ -305,9 +305,8 @@ class IsolationTest : public ::testing::Test {
 TEST_F(IsolationTest, OtherUsersCanNeitherAttachNorMapSegments) {
   const std::string sock = daemon_.socket();
   // A creates the team namespace and commits into it.
-  Outcome wrote = RunAs(&a_, [&](std::string* out) {
-    return Commit(sock, "team", "", 7, out);
-  });
+  Outcome wrote = RunAs(
+      &a_, [&](std::string* out) { return Commit(sock, "team", "", 7, out); });
   ASSERT_EQ(wrote.code, 0) << wrote.output;
   const std::vector<std::string> team_segs = Segments("team");
   ASSERT_EQ(team_segs.size(), 2u);  // kv and scale.
@@ -340,8 +339,8 @@ TEST_F(IsolationTest, OtherUsersCanNeitherAttachNorMapSegments) {
       *out += absl::StrCat("open ", path, ": ", strerror(err), "\n");
       if (err != EACCES) ++bad;
     }
-    auto client = Client::Connect(
-        {.socket = sock, .timeout = absl::Seconds(1)});
+    auto client =
+        Client::Connect({.socket = sock, .timeout = absl::Seconds(1)});
     *out += "Client::Connect: " + client.status().ToString() + "\n";
     if (client.ok()) ++bad;
     return bad;
@@ -395,8 +394,8 @@ TEST_F(IsolationTest, OtherUsersCanNeitherAttachNorMapSegments) {
     v1::AttachResponse resp;
     grpc::ClientContext ctx;
     grpc::Status s = stub->Attach(&ctx, req, &resp);
-    *out += absl::StrCat("Attach: ", s.error_code(), " ", s.error_message(),
-                         "\n");
+    *out +=
+        absl::StrCat("Attach: ", s.error_code(), " ", s.error_message(), "\n");
     sctx.TryCancel();
     return s.error_code() == grpc::StatusCode::FAILED_PRECONDITION ? 0 : 61;
   });
@@ -404,9 +403,8 @@ TEST_F(IsolationTest, OtherUsersCanNeitherAttachNorMapSegments) {
   EXPECT_THAT(unbound.output, HasSubstr("peer credentials"));
 
   // Another process of A finds the team's bytes.
-  Outcome found = RunAs(&a_, [&](std::string* out) {
-    return Find(sock, "team", "", 7, out);
-  });
+  Outcome found = RunAs(
+      &a_, [&](std::string* out) { return Find(sock, "team", "", 7, out); });
   EXPECT_EQ(found.code, 0) << found.output;
   EXPECT_THAT(found.output, HasSubstr("MATCHED 8\nBYTES ok"));
 }

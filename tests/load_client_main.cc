@@ -260,7 +260,8 @@ class Load {
       return s.ok() || Unexpected("abort", s);
     }
     const uint32_t hb = ns_->hasher().hash_bytes();
-    auto done = res.Commit("", chains_[p].substr(0, res.page_rows().size() * hb));
+    auto done =
+        res.Commit("", chains_[p].substr(0, res.page_rows().size() * hb));
     if (!done.ok()) return Unexpected("commit held", done.status());
     ++c_.commits;
     c_.committed_pages += done->committed_pages;
@@ -294,8 +295,8 @@ int main(int argc, char** argv) {
             static_cast<uint32_t>(std::strtoul(argv[5], nullptr, 10)),
             static_cast<uint32_t>(std::strtoul(argv[6], nullptr, 10)),
             std::strtoull(argv[7], nullptr, 10));
-  const bool ok = load.Connect() &&
-                  load.Run(absl::Seconds(std::strtod(argv[3], nullptr)));
+  const bool ok =
+      load.Connect() && load.Run(absl::Seconds(std::strtod(argv[3], nullptr)));
   const Counters& c = load.counters();
   std::printf(
       "OPS ops=%llu lookups=%llu pinned=%llu hit_pages=%llu reserves=%llu "

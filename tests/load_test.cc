@@ -92,7 +92,8 @@ bool AddCounters(const std::string& output,
                  std::map<std::string, uint64_t>* sum) {
   const size_t at = output.find("OPS ");
   if (at == std::string::npos) return false;
-  const std::string line = output.substr(at + 4, output.find('\n', at) - at - 4);
+  const std::string line =
+      output.substr(at + 4, output.find('\n', at) - at - 4);
   for (absl::string_view kv : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
     std::pair<std::string, std::string> p = absl::StrSplit(kv, '=');
     uint64_t v = 0;
@@ -119,11 +120,10 @@ TEST(LoadTest, SixteenClientsOnABankTenTimesTooSmall) {
   const absl::Time start = absl::Now();
   std::vector<Child> clients;
   for (int i = 0; i < kClients; ++i) {
-    auto c = Child::Spawn({kLoadClient, daemon.socket(), "load",
-                           absl::StrCat(seconds), absl::StrCat(i + 1),
-                           absl::StrCat(kPrefixes),
-                           absl::StrCat(kPagesPerPrefix),
-                           absl::StrCat(kBankRows)});
+    auto c = Child::Spawn(
+        {kLoadClient, daemon.socket(), "load", absl::StrCat(seconds),
+         absl::StrCat(i + 1), absl::StrCat(kPrefixes),
+         absl::StrCat(kPagesPerPrefix), absl::StrCat(kBankRows)});
     ASSERT_TRUE(c.ok()) << c.status();
     clients.push_back(*std::move(c));
   }
@@ -188,8 +188,7 @@ TEST(LoadTest, SixteenClientsOnABankTenTimesTooSmall) {
       "rss_warm_kib=%lld rss_end_kib=%lld rss_peak_kib=%lld "
       "anon_warm_kib=%lld anon_end_kib=%lld\n",
       kClients, seconds, static_cast<unsigned long long>(kBankRows),
-      kPrefixes * kPagesPerPrefix,
-      static_cast<unsigned long long>(sum["ops"]),
+      kPrefixes * kPagesPerPrefix, static_cast<unsigned long long>(sum["ops"]),
       static_cast<unsigned long long>(sum["lookups"]),
       static_cast<unsigned long long>(sum["pinned"]),
       static_cast<unsigned long long>(sum["reserves"]),
@@ -219,9 +218,8 @@ TEST(LoadTest, SixteenClientsOnABankTenTimesTooSmall) {
   // after the warm-up memory may only wobble (allocator caches, gRPC
   // buffers, thread stacks of reconnecting sessions): 8 MiB plus 10 %.
   const int64_t slack = 8 * 1024 + warm_rss / 10;
-  EXPECT_LE(peak_rss, warm_rss + slack)
-      << "daemon RSS grew from " << warm_rss << " KiB to " << peak_rss
-      << " KiB";
+  EXPECT_LE(peak_rss, warm_rss + slack) << "daemon RSS grew from " << warm_rss
+                                        << " KiB to " << peak_rss << " KiB";
   EXPECT_LE(end_rss, warm_rss + slack);
 #endif
   EXPECT_TRUE(daemon.Stop().ok()) << "kvtierd did not stop cleanly";

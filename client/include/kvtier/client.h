@@ -4,8 +4,9 @@
 //   auto client = kvtier::Client::Connect({.client_name = "engine-0"});
 //   auto ns = (*client)->Attach({.name = "llama3-8b", .layout = layout});
 //   std::string hashes = (*ns)->hasher().HashChain(tokens);
-//   auto lease = (*ns)->Lookup(hashes, /*pin=*/true);       // rows to rehydrate
-//   auto res = (*ns)->Reserve(pages);                        // rows to evict into
+//   auto lease = (*ns)->Lookup(hashes, /*pin=*/true);       // rows to
+//   rehydrate auto res = (*ns)->Reserve(pages);                        // rows
+//   to evict into
 //   ... engine->Evict(gpu_pages, res->page_rows(), stream) ...
 //   auto done = res->CommitAfter(stream, parent, hashes);    // never blocks
 //
@@ -131,9 +132,9 @@ struct SnapshotPlacement {
 // (kvtier/device_pool_client.h). Valid only for the daemon session that
 // reported it: after a daemon restart, attach again.
 struct DevicePoolInfo {
-  int device_ordinal = 0;   // In the daemon's CUDA numbering.
-  std::string pci_bus_id;   // Match GPUs by this.
-  std::string ipc_handle;   // 64 bytes: a cudaIpcMemHandle_t.
+  int device_ordinal = 0;  // In the daemon's CUDA numbering.
+  std::string pci_bus_id;  // Match GPUs by this.
+  std::string ipc_handle;  // 64 bytes: a cudaIpcMemHandle_t.
   uint64_t rows = 0;
   uint64_t row_bytes = 0;
   uint64_t row_stride = 0;
@@ -263,8 +264,7 @@ class Namespace {
   // device_pools()) for the usable snapshot (Lease::has_device_snapshot).
   // Always over gRPC. While !device_pools_valid(): a host-only Lookup.
   absl::StatusOr<Lease> LookupWithDevice(std::string_view hashes,
-                                         uint32_t device_pool,
-                                         bool pin = true);
+                                         uint32_t device_pool, bool pin = true);
   // UNAVAILABLE while the daemon is unreachable or not re-attached;
   // with device_snapshots > 0 also while !device_pools_valid().
   absl::StatusOr<Reservation> Reserve(uint32_t pages, uint32_t snapshots = 0,

@@ -41,6 +41,7 @@ struct Extent {
   uint64_t bytes = 0;
   uint64_t count = 0;
   uint64_t end = 0;  // one past the last byte of the last block
+  bool snapshot = false;  // a snapshot segment (else a page bank's tensor)
 };
 
 // Returns the end of the extent, or nullopt on overflow of 64 bits.
@@ -346,6 +347,7 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
           !s.ok()) {
         return s;
       }
+      tensors.back().snapshot = true;
       sum += pool.snapshot[k].bytes_per_page;
     }
     if (sum != snapshot_bank->row_bytes) {
@@ -356,10 +358,14 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
     }
   }
 
-  // Pairwise overlap: at most ~1.5k extents, once per attach.
+  // Pairwise overlap: at most ~1.5k extents, once per attach. Snapshot slots
+  // may share memory with pages (vLLM's hybrid manager overlays its Mamba
+  // and attention groups on one allocation; a block belongs to one group at
+  // a time), so only tensors of the same kind are checked against each other.
   for (size_t i = 0; i < tensors.size(); ++i) {
     for (size_t j = 0; j < i; ++j) {
-      if (Overlaps(tensors[i], tensors[j])) {
+      if (tensors[i].snapshot == tensors[j].snapshot &&
+          Overlaps(tensors[i], tensors[j])) {
         return absl::InvalidArgumentError(absl::StrCat(
             tensors[i].name, " overlaps ", tensors[j].name, " (",
             Hex(tensors[i].base), "..", Hex(tensors[i].end), " and ",

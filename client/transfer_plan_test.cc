@@ -377,9 +377,9 @@ TEST(TransferPlan, RejectsBadSnapshots) {
   }
   {
     PlanInputs s;
-    s.AddSnapshot();  // slot 1 of segment 0 lands on a kv tensor
-    s.pool.snapshot[0].base = s.pool.banks[0].tensors[0].base - (1 << 20);
-    ExpectRejected(s, {"snapshot[0] overlaps banks[0].tensors[0]"});
+    s.AddSnapshot();  // slot 1 of segment 1 lands on segment 0's slot 0
+    s.pool.snapshot[1].base = s.pool.snapshot[0].base - s.pool.snapshot[1].page_stride;
+    ExpectRejected(s, {"snapshot[1] overlaps snapshot[0]"});
   }
   {
     PlanInputs s;
@@ -387,6 +387,21 @@ TEST(TransferPlan, RejectsBadSnapshots) {
     s.snapshot->row_stride = 16;
     ExpectRejected(s, {"snapshot bank: row_stride 16 is smaller"});
   }
+}
+
+// vLLM's hybrid manager overlays Mamba state blocks and attention pages on
+// one allocation: a snapshot segment may be the very memory of a page tensor.
+TEST(TransferPlan, AcceptsSnapshotSegmentsOverlayingPages) {
+  PlanInputs s;
+  s.AddSnapshot();
+  const PoolTensor& kv = s.pool.banks[0].tensors[0];
+  s.pool.snapshot = {PoolTensor{kv.base, kv.page_stride, kv.bytes_per_page}};
+  s.pool.num_snapshot_slots = s.pool.num_pages;
+  s.snapshot = HostBankView{0x300000000, 3, kv.bytes_per_page, kv.bytes_per_page};
+  absl::StatusOr<TransferPlan> plan = s.Create();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_TRUE(plan->has_snapshot());
+  EXPECT_TRUE(plan->CheckSnapshot(1, 2).ok());
 }
 
 TEST(TransferPlan, RejectsBadCalls) {

@@ -9,6 +9,10 @@
 // GpuPoolDescriptor::banks[B].tensors, bytes_per_page bytes of each tensor of
 // the page; nothing else, no padding. A snapshot row likewise holds the
 // snapshot segments back to back in the order of GpuPoolDescriptor::snapshot.
+// Page tensors must not overlap each other, nor snapshot segments each other;
+// a snapshot segment may overlay page tensors (engines such as vLLM place
+// recurrent-state blocks and attention pages in one allocation, a block
+// belonging to one of them at a time).
 //
 // Thread-safety: plain value types.
 

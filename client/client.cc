@@ -36,6 +36,9 @@ namespace kvtier {
 namespace client {
 namespace {
 
+// The least deadline an Attach gets (see Connection::AttachDeadline).
+constexpr absl::Duration kAttachTimeout = absl::Minutes(2);
+
 absl::Status FromGrpc(const grpc::Status& s, absl::string_view what) {
   if (s.ok()) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
@@ -178,7 +181,16 @@ struct Connection {
     hello.session_id = session_id;
     iovec iov{&hello, sizeof(hello)};
     fastpath::HelloReply reply;
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+    // The per-RPC deadline bounds every read and write on this socket too: a
+    // stalled daemon fails the fast lookup (the caller falls back to gRPC,
+    // which has the same deadline) instead of blocking the engine.
+    const absl::Duration t = std::max(timeout, absl::Milliseconds(1));
+    const timeval tv{static_cast<time_t>(absl::ToInt64Seconds(t)),
+                     static_cast<suseconds_t>(absl::ToInt64Microseconds(t) %
+                                              1000000)};
+    if (::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
+        ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0 ||
+        ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
         !fastpath::WriteFullV(fd, &iov, 1) ||
         !fastpath::ReadFull(fd, &reply, sizeof(reply)) ||
         reply.magic != fastpath::kReplyMagic || reply.code != 0) {
@@ -232,6 +244,14 @@ struct Connection {
 
   void Deadline(grpc::ClientContext* ctx) const {
     ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  }
+
+  // Attach may create a namespace, which populates its banks (seconds per
+  // GiB on 4 KiB pages): it gets at least kAttachTimeout, whatever the
+  // per-RPC deadline, so a short deadline for lookups never fails it.
+  void AttachDeadline(grpc::ClientContext* ctx) const {
+    ctx->set_deadline(absl::ToChronoTime(
+        absl::Now() + std::max(timeout, kAttachTimeout)));
   }
 
   void CloseFast() {
@@ -490,7 +510,7 @@ absl::Status Reattach(NamespaceState& ns, uint64_t session_id) {
   req.set_session_id(session_id);
   v1::AttachResponse resp;
   grpc::ClientContext ctx;
-  conn.Deadline(&ctx);
+  conn.AttachDeadline(&ctx);
   if (absl::Status s = FromGrpc(conn.stub->Attach(&ctx, req, &resp), "Attach");
       !s.ok()) {
     return s;
@@ -1056,7 +1076,7 @@ absl::StatusOr<std::unique_ptr<Namespace>> Client::Attach(
   }
   v1::AttachResponse resp;
   grpc::ClientContext ctx;
-  connection_->Deadline(&ctx);
+  connection_->AttachDeadline(&ctx);
   if (absl::Status s = client::FromGrpc(
           connection_->stub->Attach(&ctx, req, &resp), "Attach");
       !s.ok()) {

@@ -1,0 +1,112 @@
+"""The connector's configuration: `kv_connector_extra_config`, checked.
+
+Every key is listed in KEYS with its type and default; an unknown key or a
+value of the wrong type is a ValueError naming the key, raised when vLLM
+builds the connector (at start), never later. Nothing here imports vLLM.
+
+Thread-safety: ConnectorConfig is immutable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+# key -> (accepted Python types, default, what it is). Documented in
+# docs/vllm.md; keep the two in step.
+KEYS: dict[str, tuple[tuple[type, ...], object, str]] = {
+    "socket": ((str,), None,
+               "kvtierd's unix socket; unset: $KVTIER_SOCKET, "
+               "/run/kvtier/kvtierd.sock, then the per-user default"),
+    "namespace": ((str,), None,
+                  "namespace name; unset: derived from the model identity"),
+    "host_bytes": ((int,), 0,
+                   "size of the page bank when this engine creates the "
+                   "namespace; 0: the daemon's --default_namespace_bytes"),
+    "snapshot_rows": ((int,), 0,
+                      "snapshot rows when this engine creates a hybrid "
+                      "model's namespace; 0: the daemon's default"),
+    "store": ((str,), "all",
+              "'all': every newly computed full block is written to the "
+              "tier; 'none': read only"),
+    "timeout_ms": ((int,), 500,
+                   "deadline of each daemon call the scheduler makes"),
+    "retry_s": ((int, float), 5.0,
+                "seconds between attempts to reach a daemon that is down"),
+    "kv_cache_layout": ((str,), "auto",
+                        "the KV cache layout asked of vLLM: 'auto' (block-first "
+                        "BLHNC on GPUs, the backend's own on CPU), 'none', or a "
+                        "vLLM layout name"),
+    "client_name": ((str,), "vllm",
+                    "shown to operators (kvtierctl status)"),
+}
+
+STORE_POLICIES = ("all", "none")
+KV_CACHE_LAYOUTS = ("auto", "none", "LBNHC", "LBHNC", "LHBNC", "NHD", "HND",
+                    "BLHNC", "BLNHC", "BHLNC")
+
+# Test-only fault injection, read from the environment so that no user
+# configuration can switch it on: "corrupt-load" flips the bytes of the
+# first block of every load after it was copied in.
+FAULT_ENV = "KVTIER_VLLM_FAULT"
+
+
+@dataclasses.dataclass(frozen=True)
+class ConnectorConfig:
+    socket: str | None = None
+    namespace: str | None = None
+    host_bytes: int = 0
+    snapshot_rows: int = 0
+    store: str = "all"
+    timeout_ms: int = 500
+    retry_s: float = 5.0
+    kv_cache_layout: str = "auto"
+    client_name: str = "vllm"
+    fault: str = ""
+
+    @classmethod
+    def parse(cls, extra: dict | None) -> "ConnectorConfig":
+        """Checks `extra` (kv_connector_extra_config) and fills defaults.
+
+        Raises ValueError naming the key for an unknown key, a value of the
+        wrong type or out of range.
+        """
+        extra = dict(extra or {})
+        where = "kv_connector_extra_config"
+        unknown = sorted(set(extra) - set(KEYS))
+        if unknown:
+            raise ValueError(f"{where}: unknown key {unknown[0]!r} (known keys: "
+                             f"{', '.join(sorted(KEYS))})")
+        values = {}
+        for key, (types, default, _) in KEYS.items():
+            value = extra.get(key, default)
+            if value is None and default is None:
+                values[key] = None
+                continue
+            # bool is an int subclass: never accept it for a number.
+            if isinstance(value, bool) or not isinstance(value, types):
+                names = " or ".join(t.__name__ for t in types)
+                raise ValueError(f"{where}[{key!r}]: expected {names}, got "
+                                 f"{type(value).__name__} {value!r}")
+            values[key] = value
+        for key in ("host_bytes", "snapshot_rows"):
+            if values[key] < 0:
+                raise ValueError(f"{where}[{key!r}]: must be >= 0, got {values[key]}")
+        if values["timeout_ms"] <= 0:
+            raise ValueError(f"{where}['timeout_ms']: must be > 0, got "
+                             f"{values['timeout_ms']}")
+        if values["retry_s"] <= 0:
+            raise ValueError(f"{where}['retry_s']: must be > 0, got {values['retry_s']}")
+        if values["store"] not in STORE_POLICIES:
+            raise ValueError(f"{where}['store']: {values['store']!r} is not one of "
+                             f"{', '.join(STORE_POLICIES)}")
+        if values["kv_cache_layout"] not in KV_CACHE_LAYOUTS:
+            raise ValueError(f"{where}['kv_cache_layout']: "
+                             f"{values['kv_cache_layout']!r} is not one of "
+                             f"{', '.join(KV_CACHE_LAYOUTS)}")
+        if values["socket"] == "":
+            raise ValueError(f"{where}['socket']: empty; leave it out for the default")
+        fault = os.environ.get(FAULT_ENV, "")
+        if fault not in ("", "corrupt-load"):
+            raise ValueError(f"${FAULT_ENV}: {fault!r} is not a known fault")
+        return cls(retry_s=float(values.pop("retry_s")), fault=fault, **values)

@@ -1,0 +1,280 @@
+"""The scheduler half of the kvtier vLLM connector: lookups, pins, and what
+to store, in vLLM's own block hashes. Imports nothing from vLLM; requests
+and block lists are duck-typed (request_id, block_hashes, num_tokens;
+get_block_ids()).
+
+- Lookups use `request.block_hashes`, vLLM's chained hashes (cache salt,
+  LoRA and multimodal keys are inside them): page i of kvtier is vLLM block
+  i, keyed by the hash that ends it. A hit is reported only for pages that
+  can really be loaded (hybrid models: up to the deepest snapshot), never
+  the prompt's last token, and is pinned by one lease per request until the
+  worker has copied it (released at once when vLLM allocates nothing, on
+  finish, abort and preemption; a second call for the same request drops
+  the first lease). Every daemon call has the configured deadline; when in
+  doubt the answer is a miss. Loads are asynchronous in vLLM's sense: the
+  request waits one step while the worker copies, so that everything vLLM
+  does before a forward pass (the Mamba "align" state copies among them)
+  sees the loaded blocks.
+- Stores are write-through: each step, the full blocks a request completes
+  in that step are handed to the worker, which copies them after the
+  forward pass. No vLLM block is held beyond its request's own lifetime.
+
+Thread-safety: one thread at a time (vLLM's scheduler thread).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from ..errors import KvtierError
+from .config import ConnectorConfig
+from .stats import Counters
+from .layout import CacheDescription
+from .link import TierLink
+from .worker import LoadJob, StepReport, StoreJob
+
+log = logging.getLogger("kvtier.vllm")
+
+
+@dataclasses.dataclass
+class _Tracked:
+    request: object
+    stored_pages: int = 0  # pages [0, stored_pages) are in the tier or queued
+    lease: object = None  # pinned hit awaiting allocation or the worker's copy
+    local_tokens: int = 0  # vLLM's own hit when the lease was taken
+    load_sent: bool = False
+    finished: bool = False
+
+
+@dataclasses.dataclass
+class SchedulerStats(Counters):
+    lookups: int = 0
+    hit_tokens: int = 0
+    miss_tokens: int = 0
+    lookup_errors: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class StoredPages:
+    """Pages the worker committed, for KV events."""
+    req_id: str
+    hashes: tuple[bytes, ...]
+    parent: bytes | None
+    token_ids: tuple[int, ...]
+
+
+class KvtierScheduler:
+    def __init__(self, config: ConnectorConfig, name: str, layout,
+                 cache: CacheDescription):
+        self.config = config
+        self.cache = cache
+        self.bs = cache.block_size
+        self.link = TierLink(config, name, layout, "scheduler")
+        self._reqs: dict[str, _Tracked] = {}
+        self._loads: list[LoadJob] = []
+        self._stored_events: list[StoredPages] = []
+        self.stats = SchedulerStats()
+
+    # -- hashes ----------------------------------------------------------------
+
+    def page_hashes(self, request, num_pages: int | None = None) -> list[bytes]:
+        """The kvtier key of each full block: vLLM's hash at its end."""
+        r = self.cache.hashes_per_block
+        hashes = request.block_hashes
+        n = len(hashes) // r
+        if num_pages is not None:
+            n = min(n, num_pages)
+        return [bytes(hashes[(i + 1) * r - 1]) for i in range(n)]
+
+    # -- lookup ----------------------------------------------------------------
+
+    def matched_tokens(self, request, num_computed_tokens: int) -> int:
+        """External tokens beyond vLLM's own `num_computed_tokens` that the
+        tier holds and that are now pinned for this request (0: a miss)."""
+        t = self._reqs.setdefault(request.request_id, _Tracked(request))
+        self._drop_lease(t)
+        if num_computed_tokens % self.bs:
+            return 0
+        max_pages = (request.num_tokens - 1) // self.bs
+        if max_pages * self.bs <= num_computed_tokens:
+            return 0
+        ns = self.link.namespace()
+        if ns is None:
+            return 0
+        hashes = self.page_hashes(request, max_pages)
+        if len(hashes) * self.bs <= num_computed_tokens:
+            return 0
+        self.stats.lookups += 1
+        try:
+            lease = ns.lookup(hashes, pin=True)
+        except KvtierError as e:
+            self.stats.lookup_errors += 1
+            log.debug("kvtier: lookup failed (%s): a miss", e)
+            return 0
+        usable = lease.usable_pages
+        if self.cache.hybrid and not lease.has_snapshot:
+            usable = 0
+        # Pages the tier holds are not stored again.
+        t.stored_pages = max(t.stored_pages, lease.matched_pages)
+        if usable * self.bs <= num_computed_tokens:
+            self.stats.miss_tokens += len(hashes) * self.bs - num_computed_tokens
+            lease.release()
+            return 0
+        t.lease, t.local_tokens, t.load_sent = lease, num_computed_tokens, False
+        hit = usable * self.bs - num_computed_tokens
+        self.stats.hit_tokens += hit
+        self.stats.miss_tokens += max(0, len(hashes) * self.bs - usable * self.bs)
+        return hit
+
+    def after_alloc(self, request, block_ids: tuple[list[int], ...],
+                    num_external_tokens: int) -> None:
+        """vLLM allocated the request's blocks (all of them, per group) and
+        accepted `num_external_tokens` of the hit: queue the load, or drop
+        the pin when nothing is to be loaded."""
+        t = self._reqs.setdefault(request.request_id, _Tracked(request))
+        t.request = request
+        lease = t.lease
+        if lease is None or t.load_sent:
+            return
+        if num_external_tokens <= 0:
+            self._drop_lease(t)
+            return
+        first = t.local_tokens // self.bs
+        count = num_external_tokens // self.bs
+        attn = block_ids[self.cache.attention_group]
+        ok = (num_external_tokens % self.bs == 0 and first + count <= len(lease.rows)
+              and first + count <= len(attn))
+        snapshot_block = snapshot_row = None
+        if ok and self.cache.hybrid:
+            # The state after the last loaded page; only the deepest one is
+            # in the lease, so vLLM must take the whole hit.
+            mamba = block_ids[self.cache.mamba_group]
+            ok = (first + count == lease.usable_pages and lease.has_snapshot
+                  and first + count <= len(mamba))
+            if ok:
+                snapshot_block = mamba[first + count - 1]
+                snapshot_row = lease.snapshot_row
+        if not ok:
+            # Cannot be loaded as vLLM took it: have vLLM recompute the lot.
+            log.warning("kvtier: cannot load %d tokens of %s as allocated; "
+                        "recomputing", num_external_tokens, request.request_id)
+            block = attn[first:first + max(count, 1)]
+            self._loads.append(LoadJob(request.request_id, tuple(block), ()))
+        else:
+            self._loads.append(LoadJob(
+                request.request_id, tuple(attn[first:first + count]),
+                tuple(lease.rows[first:first + count]), snapshot_block, snapshot_row))
+        t.load_sent = True
+
+    def take_loads(self) -> list[LoadJob]:
+        loads, self._loads = self._loads, []
+        return loads
+
+    # -- store -----------------------------------------------------------------
+
+    def plan_store(self, req_id: str, computed_after: int,
+                   block_ids: tuple[list[int], ...]) -> StoreJob | None:
+        """The store job for the full blocks request `req_id` has computed by
+        the end of this step (`computed_after` tokens), or None."""
+        t = self._reqs.get(req_id)
+        if t is None or t.finished or self.config.store == "none":
+            return None
+        if not self.link.attached:
+            return None
+        attn = block_ids[self.cache.attention_group]
+        full = min(computed_after // self.bs, len(attn))
+        hashes = self.page_hashes(t.request, full)
+        full = len(hashes)
+        if full <= t.stored_pages:
+            return None
+        first = t.stored_pages
+        snapshot_block = None
+        if self.cache.hybrid:
+            # The recurrent state is kept only where the step ends on the
+            # page boundary (vLLM's "align" mode schedules prefill chunks so).
+            mamba = block_ids[self.cache.mamba_group]
+            if computed_after != full * self.bs or full > len(mamba) or mamba[full - 1] == 0:
+                return None
+            snapshot_block = mamba[full - 1]
+        job = StoreJob(req_id, first, tuple(attn[first:full]), tuple(hashes[first:full]),
+                       hashes[first - 1] if first else None, snapshot_block)
+        t.stored_pages = full
+        return job
+
+    # -- worker reports ----------------------------------------------------------
+
+    def on_report(self, report: StepReport) -> None:
+        """The worker's report of a step: release pins of finished loads,
+        re-store requests whose store failed, record stored pages."""
+        self.loads_done(report.loaded | report.failed_loads)
+        for req_id in report.failed_stores:
+            t = self._reqs.get(req_id)
+            if t is not None:
+                t.stored_pages = 0  # the chain may be broken: from the start
+        for req_id, first, n in report.stored:
+            t = self._reqs.get(req_id)
+            if t is None:
+                continue
+            hashes = self.page_hashes(t.request, first + n)
+            tokens = tuple(getattr(t.request, "all_token_ids", ())[first * self.bs:
+                                                                   (first + n) * self.bs])
+            self._stored_events.append(StoredPages(
+                req_id, tuple(hashes[first:]), hashes[first - 1] if first else None,
+                tokens))
+
+    def loads_done(self, req_ids) -> None:
+        """The worker finished (or failed) copying these requests' hits: their
+        pins go."""
+        for req_id in req_ids:
+            t = self._reqs.get(req_id)
+            if t is not None and t.load_sent:
+                self._drop_lease(t)
+                self._forget_if_done(req_id, t)
+
+    def take_stored(self) -> list[StoredPages]:
+        out, self._stored_events = self._stored_events, []
+        return out
+
+    # -- lifetime ----------------------------------------------------------------
+
+    def finished(self, req_id: str) -> None:
+        """The request finished, was aborted or preempted for good. A pin
+        whose load was sent stays until the worker reports the copy done."""
+        t = self._reqs.get(req_id)
+        if t is None:
+            return
+        t.finished = True
+        if not t.load_sent:
+            self._drop_lease(t)
+        self._forget_if_done(req_id, t)
+
+    def preempted(self, req_id: str) -> None:
+        """The request lost its blocks: what it stores restarts at the tier's
+        state, found again by the next lookup."""
+        t = self._reqs.get(req_id)
+        if t is not None and not t.load_sent:
+            self._drop_lease(t)
+
+    def _forget_if_done(self, req_id: str, t: _Tracked) -> None:
+        if t.finished and t.lease is None:
+            self._reqs.pop(req_id, None)
+
+    def _drop_lease(self, t: _Tracked) -> None:
+        if t.lease is not None:
+            try:
+                t.lease.release()
+            except KvtierError as e:  # the session is gone: so is the pin
+                log.debug("kvtier: release: %s", e)
+            t.lease = None
+        t.load_sent = False
+
+    @property
+    def num_pinned(self) -> int:
+        return sum(1 for t in self._reqs.values() if t.lease is not None)
+
+    def close(self) -> None:
+        for t in self._reqs.values():
+            self._drop_lease(t)
+        self._reqs.clear()
+        self.link.close()

@@ -1,0 +1,297 @@
+"""The worker half of the kvtier vLLM connector, free of vLLM imports.
+
+It maps vLLM's KV cache buffer onto the namespace's banks (layout.py), then
+per engine step loads cached blocks into vLLM's blocks before the forward
+pass and stores newly computed full blocks after it, all on the engine's
+stream: CUDA buffers use libkvtier's CUDA backend on the current torch
+stream, CPU buffers its reference copy (done before the call returns).
+Nothing here waits on the daemon inside the forward pass: loads read rows
+the scheduler pinned, stores reserve rows (one RPC) and commit once the
+stream has finished the copies (CUDA: libkvtier's worker thread, never the
+engine's).
+
+The GPU test (tests/gpu) drives this very class with CUDA tensors laid out
+as vLLM lays them, so nothing here may import vLLM.
+
+Thread-safety: one thread at a time (vLLM's model runner thread).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+
+from ..client import Namespace, PendingCommit, PoolDescriptor, PoolTensorSpec
+from ..errors import KvtierError
+from .config import ConnectorConfig
+from .stats import Counters
+from .layout import CacheDescription
+from .link import TierLink
+
+log = logging.getLogger("kvtier.vllm")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoadJob:
+    """Copy rows[i] into vLLM block block_ids[i]; with a snapshot, the
+    snapshot row into Mamba block snapshot_block."""
+    req_id: str
+    block_ids: tuple[int, ...]
+    rows: tuple[int, ...]
+    snapshot_block: int | None = None
+    snapshot_row: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StoreJob:
+    """Store vLLM blocks block_ids (pages first_page.. of the request) under
+    hashes, below `parent` (None: from the first page); with
+    snapshot_block, the Mamba block holding the state after the last page."""
+    req_id: str
+    first_page: int
+    block_ids: tuple[int, ...]
+    hashes: tuple[bytes, ...]
+    parent: bytes | None = None
+    snapshot_block: int | None = None
+
+
+@dataclasses.dataclass
+class StepReport:
+    """What the worker tells the scheduler after a step."""
+    loaded: set[str] = dataclasses.field(default_factory=set)
+    failed_loads: set[str] = dataclasses.field(default_factory=set)
+    failed_block_ids: set[int] = dataclasses.field(default_factory=set)
+    # (req_id, first_page, num_pages) of each committed store.
+    stored: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
+    failed_stores: set[str] = dataclasses.field(default_factory=set)
+
+
+@dataclasses.dataclass
+class WorkerStats(Counters):
+    load_blocks: int = 0
+    load_bytes: int = 0
+    load_seconds: float = 0.0
+    store_blocks: int = 0
+    store_bytes: int = 0
+    store_seconds: float = 0.0
+    load_failures: int = 0
+    store_failures: int = 0
+
+
+class KvtierWorker:
+    """Loads and stores vLLM blocks through kvtier.
+
+    Args:
+      config, name, layout: see TierLink.
+      cache: the engine's KV cache description (its layout).
+    """
+
+    def __init__(self, config: ConnectorConfig, name: str, layout, cache: CacheDescription):
+        self.config = config
+        self.cache = cache
+        self.regions = cache.regions()
+        self.row_bytes = cache.row_bytes
+        # Worker calls (Reserve, Commit) run after the forward pass, not in
+        # the scheduler's path: a longer deadline than lookups.
+        self.link = TierLink(config, name, layout, "worker", on_attach=self._attached,
+                             timeout_ms=max(config.timeout_ms, 5000))
+        self.buffer = None
+        self._xfer = None
+        self._pending: list[tuple[PendingCommit, str, int, int]] = []
+        self._inflight_loads: list[tuple[object, set[str]]] = []
+        self._report = StepReport()
+        self.stats = WorkerStats()
+
+    # -- setup ---------------------------------------------------------------
+
+    def register(self, buffer) -> None:
+        """Adopts vLLM's KV cache backing buffer (a uint8/int8 tensor over the
+        whole allocation, CPU or CUDA). Raises ValueError when the buffer is
+        smaller than the description says."""
+        need = max(r.offset + (self.cache.num_blocks - 1) * r.stride + r.nbytes
+                   for r in self.regions)
+        have = buffer.numel() * buffer.element_size()
+        if have < need:
+            raise ValueError(f"KV cache buffer: {have} bytes, the layout places "
+                             f"blocks up to byte {need}")
+        self.buffer = buffer
+        self.link.namespace()  # a daemon that is down is retried later
+
+    def descriptor(self) -> PoolDescriptor:
+        """The pool descriptor of the registered buffer: one page bank "kv"
+        whose row is block b of every region; for hybrid models the same
+        regions as snapshot segments (slot = Mamba block id)."""
+        b = self.buffer
+        base = b.data_ptr()
+        specs = tuple(PoolTensorSpec(base + r.offset, r.stride, r.nbytes)
+                      for r in self.regions)
+        cuda = b.device.type == "cuda"
+        n = self.cache.num_blocks
+        return PoolDescriptor(
+            num_pages=n, banks=(("kv", specs),),
+            snapshot=specs if self.cache.hybrid else (),
+            num_snapshot_slots=n if self.cache.hybrid else 0,
+            device=(b.device.index or 0) if cuda else 0,
+            backend="cuda" if cuda else "reference", keepalive=(b,))
+
+    def _attached(self, ns: Namespace) -> None:
+        self._xfer = ns.transfer(self.descriptor())
+
+    def _ready(self) -> Namespace | None:
+        if self.buffer is None:
+            return None
+        ns = self.link.namespace()
+        return ns if ns is not None and self._xfer is not None else None
+
+    def _stream(self):
+        if self.buffer is not None and self.buffer.device.type == "cuda":
+            import torch
+            return torch.cuda.current_stream(self.buffer.device)
+        return None
+
+    # -- per step --------------------------------------------------------------
+
+    def load(self, jobs: list[LoadJob]) -> None:
+        """Queues the copies of `jobs` on the current stream (CPU: copies
+        now). A job that fails is reported with all its block ids (vLLM then
+        recomputes them); its pin is released by the scheduler either way."""
+        if not jobs:
+            return
+        ns = self._ready()
+        t0 = time.perf_counter()
+        done: set[str] = set()
+        for job in jobs:
+            try:
+                if ns is None:
+                    raise KvtierError(14, "kvtier: not attached")
+                if len(job.rows) != len(job.block_ids):
+                    raise ValueError("the hit cannot be loaded as vLLM allocated it")
+                self._xfer.rehydrate(job.block_ids, job.rows, self._stream())
+                if job.snapshot_block is not None:
+                    self._xfer.restore_snapshot(job.snapshot_block, job.snapshot_row,
+                                                self._stream())
+                if self.config.fault == "corrupt-load" and job.block_ids:
+                    self._corrupt(job.block_ids[0])
+                self.stats.load_blocks += len(job.block_ids)
+                self.stats.load_bytes += self.row_bytes * (
+                    len(job.block_ids) + (job.snapshot_block is not None))
+            except (KvtierError, ValueError) as e:
+                log.warning("kvtier: load of %d blocks for %s failed: %s",
+                            len(job.block_ids), job.req_id, e)
+                self.stats.load_failures += 1
+                self._report.failed_loads.add(job.req_id)
+                self._report.failed_block_ids.update(job.block_ids)
+                if job.snapshot_block is not None:
+                    self._report.failed_block_ids.add(job.snapshot_block)
+            done.add(job.req_id)
+        stream = self._stream()
+        if stream is None:
+            self._report.loaded |= done
+        else:
+            import torch
+            event = torch.cuda.Event()
+            event.record(stream)
+            self._inflight_loads.append((event, done))
+        self.stats.load_seconds += time.perf_counter() - t0
+
+    def _corrupt(self, block: int) -> None:
+        """Test-only fault: perturbs every byte of `block` (see config)."""
+        for r in self.regions:
+            start = r.offset + block * r.stride
+            view = self.buffer.view(-1)[start:start + r.nbytes]
+            view.add_(1)
+
+    def store(self, jobs: list[StoreJob]) -> None:
+        """Reserves rows for `jobs`, queues the copies of their blocks after
+        the work already on the current stream, and commits once it has
+        finished. A job that cannot be stored (tier full, daemon down, its
+        parent gone) is reported in failed_stores; nothing partial is ever
+        visible."""
+        if not jobs or self.config.store == "none":
+            return
+        ns = self._ready()
+        t0 = time.perf_counter()
+        for job in jobs:
+            if ns is None:
+                self._report.failed_stores.add(job.req_id)
+                continue
+            snaps = 1 if job.snapshot_block is not None else 0
+            res = None
+            try:
+                res = ns.reserve(len(job.block_ids), snaps)
+                stream = self._stream()
+                self._xfer.evict(job.block_ids, res.page_rows, stream)
+                placements = []
+                if snaps:
+                    self._xfer.save_snapshot(job.snapshot_block, res.snapshot_rows[0],
+                                             stream)
+                    placements = [(0, job.hashes[-1])]
+                if stream is None:
+                    res.commit(job.hashes, parent=job.parent, snapshots=placements)
+                    self._report.stored.append((job.req_id, job.first_page,
+                                                len(job.hashes)))
+                else:
+                    pending = res.commit_after(stream, job.hashes, parent=job.parent,
+                                               snapshots=placements)
+                    self._pending.append((pending, job.req_id, job.first_page,
+                                          len(job.hashes)))
+                res = None
+                self.stats.store_blocks += len(job.block_ids)
+                self.stats.store_bytes += self.row_bytes * (len(job.block_ids) + snaps)
+            except (KvtierError, ValueError) as e:
+                log.debug("kvtier: store of %d blocks for %s failed: %s",
+                          len(job.block_ids), job.req_id, e)
+                self.stats.store_failures += 1
+                self._report.failed_stores.add(job.req_id)
+            finally:
+                if res is not None and not res.closed:
+                    res.abort()
+        self.stats.store_seconds += time.perf_counter() - t0
+
+    def poll(self) -> StepReport:
+        """What finished since the last poll: loads whose copies completed
+        (their pins may go), commits, failures. Never blocks on the GPU; waits
+        at most 1 ms for the oldest pending commit."""
+        still = []
+        for event, ids in self._inflight_loads:
+            if still or not event.query():
+                still.append((event, ids))
+            else:
+                self._report.loaded |= ids
+        self._inflight_loads = still
+        while self._pending:
+            pending, req_id, first, n = self._pending[0]
+            try:
+                pending.wait(timeout_ms=1)
+            except KvtierError as e:
+                if e.code == 4:  # DEADLINE_EXCEEDED: still queued
+                    break
+                self._report.failed_stores.add(req_id)
+                self.stats.store_failures += 1
+            else:
+                self._report.stored.append((req_id, first, n))
+            self._pending.pop(0)
+        report, self._report = self._report, StepReport()
+        return report
+
+    def flush(self, timeout_ms: int = 10000) -> StepReport:
+        """Waits for every queued load and commit (shutdown)."""
+        if self._stream() is not None:
+            for event, _ in self._inflight_loads:
+                event.synchronize()
+        for pending, req_id, first, n in self._pending:
+            try:
+                pending.wait(timeout_ms=timeout_ms)
+                self._report.stored.append((req_id, first, n))
+            except KvtierError:
+                self._report.failed_stores.add(req_id)
+        self._pending = []
+        return self.poll()
+
+    def close(self) -> None:
+        self.flush()
+        if self._xfer is not None:
+            self._xfer.close()
+            self._xfer = None
+        self.link.close()

@@ -1,0 +1,175 @@
+"""vLLM on kvtier, end to end: real vLLM (CPU) engines with the kvtier
+connector, each its own process, against a real kvtierd.
+
+What a user relies on: a prefix one engine computed is served to another
+engine of the node (a restarted one, or a sibling running at the same
+time) bit-identical, hybrid models included; other tenants (cache_salt) and
+a changed model config never hit; the check can see wrong KV (a test-only
+fault corrupts one loaded block); a daemon that is down or dies never
+stops vLLM from serving.
+"""
+
+import json
+import os
+import shutil
+import signal
+import time
+
+import pytest
+
+from conftest import PROMPT, make_model, namespaces
+
+import kvtier
+
+FULL_BLOCK_TOKENS = 1024  # 1,100-token prompt, 128-token blocks: 8 full blocks
+
+
+def gen(prompt=PROMPT, **kw):
+    return dict({"op": "generate", "prompt": prompt, "max_tokens": 16,
+                 "logprobs": 20}, **kw)
+
+
+def script(arch, model, socket, steps, **extra):
+    return {"arch": arch, "model": model, "socket": socket, "extra": extra,
+            "steps": steps}
+
+
+def only_ns(socket, model):
+    """The daemon's namespaces of vLLM engines serving `model`."""
+    return [n for n in namespaces(socket) if n["name"].startswith("vllm-")
+            and n["layout"]["model"].startswith(model + "@")]
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3_next"])
+def test_restarted_engine_is_served_bit_identical(arch, daemon, run_engine,
+                                                  start_engine, tmp_path):
+    model = make_model(arch)
+    # Process 1: serves the prompt, then again from vLLM's own prefix cache.
+    first, second = run_engine(script(arch, model, daemon.socket, [gen(), gen()]))
+    assert first["num_cached_tokens"] == 0
+    assert second["num_cached_tokens"] >= FULL_BLOCK_TOKENS
+    ns = only_ns(daemon.socket, model)
+    assert len(ns) == 1 and int(ns[0]["pages"]) >= 8
+    if arch == "qwen3_next":
+        assert int(ns[0]["snapshots"]) >= 1
+
+    # Process 2, same config: the prompt comes from kvtier, and the top-20
+    # logprobs of 16 tokens equal process 1's second serve (same schedule:
+    # 1,024 tokens cached, 76 computed). Another tenant's salt gets nothing;
+    # aborted requests leave no pins.
+    aborted, checked = str(tmp_path / "aborted"), str(tmp_path / "checked")
+    e = start_engine(script(arch, model, daemon.socket, [
+        gen(), gen(cache_salt="tenant-b"),
+        {"op": "abort_many", "prompt": PROMPT, "count": 12},
+        {"op": "touch", "path": aborted}, {"op": "wait", "path": checked}]))
+    while not os.path.exists(aborted):
+        assert e.proc.poll() is None, e.log()[-4000:]
+        time.sleep(0.1)
+    ns = only_ns(daemon.socket, model)
+    assert int(ns[0]["leases"]) == 0, ns
+    assert int(ns[0]["sessions"]) == 2  # the engine's scheduler and worker
+    open(checked, "w").close()
+    restored, salted, _, _, _ = e.results()
+    assert restored["num_cached_tokens"] >= FULL_BLOCK_TOKENS
+    assert restored["token_ids"] == second["token_ids"]
+    assert restored["logprobs"] == second["logprobs"]
+    assert salted["num_cached_tokens"] == 0
+
+    if arch != "llama":
+        return
+    # Process 3 with a test-only fault that corrupts one loaded block: the
+    # same comparison fails, so it can see wrong KV.
+    (corrupt,) = run_engine(script(arch, model, daemon.socket, [gen()]),
+                            env={"KVTIER_VLLM_FAULT": "corrupt-load"})
+    assert corrupt["num_cached_tokens"] >= FULL_BLOCK_TOKENS
+    assert corrupt["logprobs"] != second["logprobs"]
+
+    # Process 4: the same model path with another config.json is another
+    # model: nothing is served from the old namespace.
+    make_model(arch, model, weights=False, rms_norm_eps=2e-5)
+    (changed,) = run_engine(script(arch, model, daemon.socket, [gen()]))
+    assert changed["num_cached_tokens"] == 0
+    assert len(only_ns(daemon.socket, model)) == 2
+
+
+def test_concurrent_engines_share_the_tier(daemon, start_engine, tmp_path):
+    model = make_model("llama")
+    prompt = [(i * 13) % 991 + 3 for i in range(1100)]
+    stored, b_ready = str(tmp_path / "stored"), str(tmp_path / "b_ready")
+    # A publishes vLLM's KV events: what the connector stored shows there
+    # as BlockStored with medium "CPU", beside vLLM's own ("GPU") events.
+    endpoint = f"ipc://{tmp_path}/kv-events"  # vLLM binds ipc endpoints
+    import msgspec
+    import zmq
+    from vllm.distributed.kv_events import BlockStored, KVEventBatch
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.connect(endpoint)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    a = start_engine(dict(script("llama", model, daemon.socket, [
+        {"op": "wait", "path": b_ready}, gen(prompt), {"op": "touch", "path": stored},
+        {"op": "wait", "path": str(tmp_path / "b_done")}]),
+        kv_events_endpoint=endpoint))
+    b = start_engine(script("llama", model, daemon.socket, [
+        {"op": "touch", "path": b_ready}, {"op": "wait", "path": stored}, gen(prompt),
+        {"op": "touch", "path": str(tmp_path / "b_done")}]))
+    (b_out,) = [r for r in b.results() if r["op"] == "generate"]
+    (a_out,) = [r for r in a.results() if r["op"] == "generate"]
+    assert a_out["num_cached_tokens"] == 0
+    assert b_out["num_cached_tokens"] >= FULL_BLOCK_TOKENS
+    assert b_out["token_ids"] == a_out["token_ids"]
+    decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+    cpu_blocks = 0
+    while sub.poll(timeout=2000):
+        _, _, payload = sub.recv_multipart()
+        for ev in decoder.decode(payload).events:
+            if isinstance(ev, BlockStored) and ev.medium == "CPU":
+                cpu_blocks += len(ev.block_hashes)
+    sub.close()
+    assert cpu_blocks >= 8  # the prompt's 8 full blocks, stored by A
+
+
+def test_daemon_down_at_start_then_up_then_killed(start_engine, tmp_path):
+    model = make_model("llama")
+    d = kvtier.Daemon(flags=["--default_namespace_bytes=268435456"])
+    p1 = [(i * 5) % 983 + 2 for i in range(600)]
+    p2 = [(i * 11) % 977 + 2 for i in range(600)]
+    f = {k: str(tmp_path / k) for k in ("served", "up", "stored", "killed")}
+    e = start_engine(script("llama", model, d.socket, [
+        gen(p1, max_tokens=4), {"op": "touch", "path": f["served"]},
+        {"op": "wait", "path": f["up"]}, gen(p2, max_tokens=4),
+        {"op": "touch", "path": f["stored"]}, {"op": "wait", "path": f["killed"]},
+        gen(p1, max_tokens=4), gen(p2, max_tokens=4),
+        gen([(i * 3) % 971 + 5 for i in range(600)], max_tokens=4)], retry_s=0.2))
+    try:
+        while not os.path.exists(f["served"]):
+            assert e.proc.poll() is None, e.log()[-4000:]
+            time.sleep(0.1)
+        d.start()
+        time.sleep(0.5)  # past retry_s
+        open(f["up"], "w").close()
+        while not os.path.exists(f["stored"]):
+            assert e.proc.poll() is None, e.log()[-4000:]
+            time.sleep(0.1)
+        ns = only_ns(d.socket, model)
+        assert len(ns) == 1 and int(ns[0]["pages"]) >= 4, ns  # p2's blocks
+        d.kill()
+        open(f["killed"], "w").close()
+        results = [r for r in e.results() if r["op"] == "generate"]
+    finally:
+        d.close()
+    assert len(results) == 5
+    assert all(len(r["token_ids"]) == 4 for r in results)
+    assert results[0]["num_cached_tokens"] == 0
+    log = e.log()
+    # One warning per role (scheduler, worker), not one per request.
+    assert 1 <= log.count("no daemon at") <= 2, log[-4000:]
+
+
+def test_unknown_config_key_fails_at_start_naming_it(run_engine, tmp_path):
+    from conftest import Engine
+    model = make_model("llama")
+    e = Engine(str(tmp_path), script("llama", model, "/nonexistent.sock", [gen()],
+                                     sokcet="typo"))
+    e.proc.wait(timeout=600)
+    assert e.proc.returncode != 0
+    assert "unknown key 'sokcet'" in e.log()

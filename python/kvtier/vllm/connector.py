@@ -19,7 +19,7 @@ worker copies on the engine's stream, and is reported through
 get_finished), so that what vLLM does before a forward pass — the Mamba
 "align" state copies among it — reads loaded blocks; stores are
 write-through after the forward pass. Failed loads are reported through
-get_block_ids_with_load_errors, so vLLM's kv_load_failure_policy applies.
+failed_recving, so vLLM's kv_load_failure_policy applies.
 
 Thread-safety: as vLLM calls connectors (one thread per role).
 """
@@ -43,6 +43,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStat
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
 try:
+    from vllm.v1.kv_cache_interface import MLAAttentionSpec
+except ImportError:  # older vLLM
+    MLAAttentionSpec = FullAttentionSpec
+
+try:
     from vllm.v1.metrics.cache_hit_source import CacheHitSource
 except ImportError:  # older vLLM
     CacheHitSource = None
@@ -56,6 +61,9 @@ from .worker import KvtierWorker, LoadJob, StepReport, StoreJob
 log = logging.getLogger("kvtier.vllm")
 
 _XXHASH_ALGOS = ("xxhash", "xxhash_cbor")
+# Exactly these (not their subclasses, which evict or place blocks
+# differently: RSWA, attention sinks, hidden-state caches).
+_ATTENTION_SPECS = (FullAttentionSpec, MLAAttentionSpec)
 
 
 @dataclasses.dataclass
@@ -74,7 +82,7 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
         a, b = self.report, other.report
         return KvtierWorkerMetadata(StepReport(
             loaded=a.loaded | b.loaded, failed_loads=a.failed_loads | b.failed_loads,
-            failed_block_ids=a.failed_block_ids | b.failed_block_ids,
+            attached=a.attached and b.attached,
             stored=a.stored + b.stored, failed_stores=a.failed_stores | b.failed_stores))
 
 
@@ -104,7 +112,7 @@ def describe_cache(kv_cache_config, dtype: str) -> CacheDescription:
         spec = g.kv_cache_spec
         if isinstance(spec, MambaSpec):
             kind = "mamba"
-        elif isinstance(spec, FullAttentionSpec) and not getattr(spec, "sliding_window", None):
+        elif type(spec) in _ATTENTION_SPECS:
             kind = "attention"
         else:
             kind = "other"
@@ -124,14 +132,30 @@ def describe_cache(kv_cache_config, dtype: str) -> CacheDescription:
 
 
 def _config_digest(model_config) -> str:
+    """config.json as on disk (a redeploy under the same path) and as vLLM
+    uses it (--hf-overrides)."""
+    h = hashlib.sha256()
     path = os.path.join(str(model_config.model), "config.json")
     if os.path.isfile(path):
         with open(path, "rb") as f:
-            return hashlib.sha256(f.read()).hexdigest()
-    return hashlib.sha256(model_config.hf_config.to_json_string().encode()).hexdigest()
+            h.update(f.read())
+    h.update(model_config.hf_config.to_json_string().encode())
+    return h.hexdigest()
 
 
-def identity_of(vllm_config) -> NamespaceIdentity:
+def _cache_digest(kv_cache_config, cache: CacheDescription) -> str:
+    """What decides the bytes of a row beyond their count: the physical KV
+    layout vLLM resolved, each group's spec, and the regions a row is cut
+    from (two engines whose rows have equal sizes but another element order
+    must never share a namespace)."""
+    parts = [str(getattr(kv_cache_config, "kv_cache_layout", None))]
+    for g in kv_cache_config.kv_cache_groups:
+        parts.append(repr(g.kv_cache_spec))
+    parts.append(repr(cache.regions()))
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()
+
+
+def identity_of(vllm_config, cache_digest: str = "") -> NamespaceIdentity:
     mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
     rank = 0
     if pc.tensor_parallel_size > 1:
@@ -142,7 +166,7 @@ def identity_of(vllm_config) -> NamespaceIdentity:
         config_digest=_config_digest(mc), dtype=str(mc.dtype).replace("torch.", ""),
         kv_cache_dtype=str(cc.cache_dtype), block_size=int(cc.block_size),
         tp_size=int(pc.tensor_parallel_size), tp_rank=rank,
-        hash_algo=str(cc.prefix_caching_hash_algo))
+        hash_algo=str(cc.prefix_caching_hash_algo), cache_digest=cache_digest)
 
 
 def check_engine(vllm_config) -> None:
@@ -196,18 +220,29 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if dtype == "auto":
             dtype = str(mc.dtype).replace("torch.", "")
         self.cache = describe_cache(kv_cache_config, dtype)
-        self.identity = identity_of(vllm_config)
+        if self.cache.hybrid and vllm_config.speculative_config is not None:
+            raise ValueError(
+                "kvtier: speculative decoding with a hybrid model is not supported "
+                "(vLLM writes the recurrent state of draft tokens where the "
+                "connector cannot tell the verified state apart)")
+        self.identity = identity_of(vllm_config, _cache_digest(kv_cache_config, self.cache))
+        policy = getattr(self._kv_transfer_config, "kv_load_failure_policy", "recompute")
+        if policy != "recompute" and role == KVConnectorRole.SCHEDULER:
+            log.warning("kvtier: kv_load_failure_policy=%r: a load that fails "
+                        "fails its request; 'recompute' makes it a miss", policy)
         hash_bytes = 16 if str(cc.prefix_caching_hash_algo) in _XXHASH_ALGOS else 32
         self.layout = namespace_layout(self.cache, self.identity, hash_bytes)
         self.ns_name = self.config.namespace or self.identity.default_name()
         self._scheduler: KvtierScheduler | None = None
         self._worker: KvtierWorker | None = None
         self._report: StepReport | None = None  # the worker's, this step
+        self._sent_attached: bool | None = None
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = KvtierScheduler(self.config, self.ns_name, self.layout,
                                               self.cache)
-            # A layout the namespace refuses is a start-up error.
-            self._scheduler.link.namespace()
+            # A layout the namespace refuses is a start-up error. The worker
+            # attached (or not) before the scheduler is built.
+            self._scheduler.worker_ready = self._scheduler.link.namespace() is not None
         else:
             self._worker = KvtierWorker(self.config, self.ns_name, self.layout, self.cache)
         log.info("kvtier: %s connector, namespace %r, %d-token blocks of %d bytes%s",
@@ -262,24 +297,30 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if self._worker is not None and isinstance(meta, KvtierMetadata):
             self._worker.store(meta.stores)
 
-    def get_finished(self, finished_req_ids: set[str]):
-        """Loads whose copies completed this step (vLLM calls this first of
-        the per-step reports; the others read the same StepReport)."""
+    def get_transfer_results(self, finished_req_ids: set[str]):
+        """Loads whose copies completed this step, and those that failed
+        (also in finished_recving, as vLLM requires). Failures are reported
+        per request: block ids are not unique across a hybrid model's
+        groups. vLLM calls this first of the per-step reports; the others
+        read the same StepReport."""
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+            KVConnectorTransferResults)
         if self._worker is None:
-            return None, None
+            return KVConnectorTransferResults()
         self._report = self._worker.poll()
-        done = self._report.loaded | self._report.failed_loads
-        return None, (done or None)
-
-    def get_block_ids_with_load_errors(self) -> set[int]:
-        report = getattr(self, "_report", None)
-        return set(report.failed_block_ids) if report is not None else set()
+        r = self._report
+        return KVConnectorTransferResults(finished_recving=r.loaded | r.failed_loads,
+                                          failed_recving=set(r.failed_loads))
 
     def build_connector_worker_meta(self):
-        report = getattr(self, "_report", None)
+        report = self._report
         self._report = None
-        if report is None or not (report.loaded or report.failed_loads or
-                                  report.stored or report.failed_stores):
+        if report is None or self._worker is None:
+            return None
+        changed = report.attached != self._sent_attached
+        self._sent_attached = report.attached
+        if not (changed or report.loaded or report.failed_loads or report.stored
+                or report.failed_stores):
             return None
         return KvtierWorkerMetadata(report)
 

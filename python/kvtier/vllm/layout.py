@@ -167,6 +167,7 @@ class NamespaceIdentity:
     tp_size: int
     tp_rank: int
     hash_algo: str
+    cache_digest: str = ""  # the physical layout and row structure
 
     def digest(self) -> str:
         blob = json.dumps(dataclasses.asdict(self), sort_keys=True).encode()

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 from ..errors import KvtierError
 from .config import ConnectorConfig
@@ -71,6 +72,12 @@ class KvtierScheduler:
         self.cache = cache
         self.bs = cache.block_size
         self.link = TierLink(config, name, layout, "scheduler")
+        # Whether the worker can copy: no hit is reported while it cannot
+        # (its step reports say; the connector sets the first value).
+        self.worker_ready = True
+        # A lookup that ran out of time makes lookups misses until then
+        # (a slow daemon costs one deadline per retry_s, not one per request).
+        self._pause_until = 0.0
         self._reqs: dict[str, _Tracked] = {}
         self._loads: list[LoadJob] = []
         self._stored_events: list[StoredPages] = []
@@ -99,17 +106,26 @@ class KvtierScheduler:
         max_pages = (request.num_tokens - 1) // self.bs
         if max_pages * self.bs <= num_computed_tokens:
             return 0
+        if time.monotonic() < self._pause_until:
+            return 0
         ns = self.link.namespace()
-        if ns is None:
+        if ns is None or not self.worker_ready:
             return 0
         hashes = self.page_hashes(request, max_pages)
         if len(hashes) * self.bs <= num_computed_tokens:
             return 0
         self.stats.lookups += 1
+        t0 = time.monotonic()
         try:
             lease = ns.lookup(hashes, pin=True)
+            if (time.monotonic() - t0) * 1000 >= 0.9 * self.link.timeout_ms:
+                # libkvtier answers a lookup that ran out of time with a
+                # miss: a stalled daemon, so pause lookups for a while.
+                self._pause_until = time.monotonic() + self.config.retry_s
         except KvtierError as e:
             self.stats.lookup_errors += 1
+            if e.code in (4, 14):  # DEADLINE_EXCEEDED, UNAVAILABLE
+                self._pause_until = time.monotonic() + self.config.retry_s
             log.debug("kvtier: lookup failed (%s): a miss", e)
             return 0
         usable = lease.usable_pages
@@ -184,6 +200,10 @@ class KvtierScheduler:
             return None
         attn = block_ids[self.cache.attention_group]
         full = min(computed_after // self.bs, len(attn))
+        if 0 in attn[:full]:
+            # vLLM's null block stands in for a block the request no longer
+            # holds: never store it under a real hash.
+            full = attn.index(0)
         hashes = self.page_hashes(t.request, full)
         full = len(hashes)
         if full <= t.stored_pages:
@@ -207,6 +227,7 @@ class KvtierScheduler:
     def on_report(self, report: StepReport) -> None:
         """The worker's report of a step: release pins of finished loads,
         re-store requests whose store failed, record stored pages."""
+        self.worker_ready = report.attached
         self.loads_done(report.loaded | report.failed_loads)
         for req_id in report.failed_stores:
             t = self._reqs.get(req_id)

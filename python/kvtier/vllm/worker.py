@@ -61,10 +61,12 @@ class StepReport:
     """What the worker tells the scheduler after a step."""
     loaded: set[str] = dataclasses.field(default_factory=set)
     failed_loads: set[str] = dataclasses.field(default_factory=set)
-    failed_block_ids: set[int] = dataclasses.field(default_factory=set)
     # (req_id, first_page, num_pages) of each committed store.
     stored: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
     failed_stores: set[str] = dataclasses.field(default_factory=set)
+    # Whether the worker can copy (attached, with a transfer engine): the
+    # scheduler reports no hits while it cannot.
+    attached: bool = False
 
 
 @dataclasses.dataclass
@@ -154,13 +156,17 @@ class KvtierWorker:
 
     def load(self, jobs: list[LoadJob]) -> None:
         """Queues the copies of `jobs` on the current stream (CPU: copies
-        now). A job that fails is reported with all its block ids (vLLM then
-        recomputes them); its pin is released by the scheduler either way."""
+        now). Each request is reported exactly once, loaded or failed, and
+        only after every copy queued for it has finished (a CUDA event), so
+        its pin never goes while a copy may still read the rows. A job that
+        fails is reported in failed_loads (vLLM then recomputes it or fails
+        the request, as kv_load_failure_policy says)."""
         if not jobs:
             return
         ns = self._ready()
         t0 = time.perf_counter()
-        done: set[str] = set()
+        ok: set[str] = set()
+        failed: set[str] = set()
         for job in jobs:
             try:
                 if ns is None:
@@ -176,23 +182,21 @@ class KvtierWorker:
                 self.stats.load_blocks += len(job.block_ids)
                 self.stats.load_bytes += self.row_bytes * (
                     len(job.block_ids) + (job.snapshot_block is not None))
+                ok.add(job.req_id)
             except (KvtierError, ValueError) as e:
                 log.warning("kvtier: load of %d blocks for %s failed: %s",
                             len(job.block_ids), job.req_id, e)
                 self.stats.load_failures += 1
-                self._report.failed_loads.add(job.req_id)
-                self._report.failed_block_ids.update(job.block_ids)
-                if job.snapshot_block is not None:
-                    self._report.failed_block_ids.add(job.snapshot_block)
-            done.add(job.req_id)
+                failed.add(job.req_id)
         stream = self._stream()
         if stream is None:
-            self._report.loaded |= done
+            self._report.loaded |= ok
+            self._report.failed_loads |= failed
         else:
             import torch
             event = torch.cuda.Event()
             event.record(stream)
-            self._inflight_loads.append((event, done))
+            self._inflight_loads.append((event, ok, failed))
         self.stats.load_seconds += time.perf_counter() - t0
 
     def _corrupt(self, block: int) -> None:
@@ -246,6 +250,11 @@ class KvtierWorker:
                 self._report.failed_stores.add(job.req_id)
             finally:
                 if res is not None and not res.closed:
+                    # Copies into the rows may be queued: they must finish
+                    # before the rows can be handed to anyone else.
+                    stream = self._stream()
+                    if stream is not None:
+                        stream.synchronize()
                     res.abort()
         self.stats.store_seconds += time.perf_counter() - t0
 
@@ -254,12 +263,14 @@ class KvtierWorker:
         (their pins may go), commits, failures. Never blocks on the GPU; waits
         at most 1 ms for the oldest pending commit."""
         still = []
-        for event, ids in self._inflight_loads:
+        for event, ok, failed in self._inflight_loads:
             if still or not event.query():
-                still.append((event, ids))
+                still.append((event, ok, failed))
             else:
-                self._report.loaded |= ids
+                self._report.loaded |= ok
+                self._report.failed_loads |= failed
         self._inflight_loads = still
+        self._report.attached = self._ready() is not None
         while self._pending:
             pending, req_id, first, n = self._pending[0]
             try:
@@ -278,7 +289,7 @@ class KvtierWorker:
     def flush(self, timeout_ms: int = 10000) -> StepReport:
         """Waits for every queued load and commit (shutdown)."""
         if self._stream() is not None:
-            for event, _ in self._inflight_loads:
+            for event, _, _ in self._inflight_loads:
                 event.synchronize()
         for pending, req_id, first, n in self._pending:
             try:

@@ -67,8 +67,10 @@ def main():
     ap.add_argument("--out")
     args = ap.parse_args()
     bs = args.block_size
-    # vLLM's own cache: room for one auxiliary batch, not the conversation too.
-    blocks = (args.aux * args.aux_tokens) // bs + 8
+    # vLLM's own cache: the auxiliary batch alone fills it (so the
+    # conversation is evicted), but one request of max_model_len must fit.
+    max_model_len = args.context + 16 + args.turn + 128
+    blocks = max(-(-max_model_len // bs), (args.aux * args.aux_tokens) // bs)
     vocab = MODEL["vocab_size"]
     conv = [(i * 7919) % (vocab - 10) + 5 for i in range(args.context)]
     reply = [(i * 31) % (vocab - 10) + 5 for i in range(16)]
@@ -91,7 +93,7 @@ def main():
     with kvtier.Daemon(flags=["--default_namespace_bytes=1073741824"]) as d:
         for mode in ("without_kvtier", "with_kvtier"):
             base = {"arch": "llama", "model": model,
-                    "max_model_len": len(turn2) + 128,
+                    "max_model_len": max_model_len,
                     "num_gpu_blocks_override": blocks, "block_size": bs,
                     "max_num_batched_tokens": 8192,
                     "socket": d.socket if mode == "with_kvtier" else None}

@@ -100,6 +100,21 @@ def parts(daemon, cache, name):
     return cfg, layout, KvtierScheduler(cfg, name, layout, cache)
 
 
+def primed(daemon, name):
+    """A scheduler and a worker of namespace `name` in which a request of
+    3 full blocks (and one token more) has been stored; returns them and the
+    request's tokens."""
+    cache = attention_cache()
+    cfg, layout, sched = parts(daemon, cache, name)
+    worker = KvtierWorker(cfg, name, layout, cache)
+    worker.register(buffer_for(cache))
+    req = FakeRequest(f"{name}-first", list(range(3 * BS + 1)))
+    sched.matched_tokens(req, 0)
+    worker.store([sched.plan_store(req.request_id, 3 * BS, ([1, 2, 3, 4],))])
+    sched.on_report(worker.poll())
+    return sched, worker, req.tokens
+
+
 # -- configuration --------------------------------------------------------------
 
 def test_config_errors_name_the_key():
@@ -228,16 +243,9 @@ def test_blocks_round_trip_between_engines(daemon, kind):
 
 
 def test_pins_are_dropped_on_recall_and_when_nothing_is_allocated(daemon):
-    cache = attention_cache()
-    cfg, layout, sched = parts(daemon, cache, "unit-pins")
-    worker = KvtierWorker(cfg, "unit-pins", layout, cache)
-    worker.register(buffer_for(cache))
-    req = FakeRequest("p", list(range(3 * BS + 1)))
-    sched.matched_tokens(req, 0)
-    worker.store([sched.plan_store("p", 3 * BS, ([1, 2, 3, 4],))])
-    sched.on_report(worker.poll())
+    sched, worker, tokens = primed(daemon, "unit-pins")
     for i in range(50):  # vLLM may ask again; each ask drops the last pin
-        r = FakeRequest(f"q{i}", req.tokens)
+        r = FakeRequest(f"q{i}", tokens)
         assert sched.matched_tokens(r, 0) == 3 * BS
         assert sched.matched_tokens(r, 0) == 3 * BS
         if i % 2:
@@ -345,15 +353,8 @@ def test_cuda_worker_matches_the_cpu_path(daemon, kind):
 
 
 def test_failed_loads_are_reported_once_and_unpin(daemon):
-    cache = attention_cache()
-    cfg, layout, sched = parts(daemon, cache, "unit-failload")
-    worker = KvtierWorker(cfg, "unit-failload", layout, cache)
-    worker.register(buffer_for(cache))
-    req = FakeRequest("f", list(range(3 * BS + 1)))
-    sched.matched_tokens(req, 0)
-    worker.store([sched.plan_store("f", 3 * BS, ([1, 2, 3, 4],))])
-    sched.on_report(worker.poll())
-    r2 = FakeRequest("f2", req.tokens)
+    sched, worker, tokens = primed(daemon, "unit-failload")
+    r2 = FakeRequest("f2", tokens)
     assert sched.matched_tokens(r2, 0) == 3 * BS
     # vLLM took fewer tokens than the hit holds whole blocks of: the job
     # cannot be loaded as allocated and must fail, not load something.
@@ -370,19 +371,12 @@ def test_failed_loads_are_reported_once_and_unpin(daemon):
 
 def test_no_hits_while_the_worker_cannot_copy(daemon):
     from kvtier.vllm.worker import StepReport
-    cache = attention_cache()
-    cfg, layout, sched = parts(daemon, cache, "unit-ready")
-    worker = KvtierWorker(cfg, "unit-ready", layout, cache)
-    worker.register(buffer_for(cache))
-    req = FakeRequest("w", list(range(3 * BS + 1)))
-    sched.matched_tokens(req, 0)
-    worker.store([sched.plan_store("w", 3 * BS, ([1, 2, 3, 4],))])
-    sched.on_report(worker.poll())
+    sched, worker, tokens = primed(daemon, "unit-ready")
     sched.on_report(StepReport(attached=False))  # the worker lost the daemon
-    assert sched.matched_tokens(FakeRequest("w2", req.tokens), 0) == 0
+    assert sched.matched_tokens(FakeRequest("w2", tokens), 0) == 0
     assert sched.num_pinned == 0
     sched.on_report(worker.poll())  # attached again
-    assert sched.matched_tokens(FakeRequest("w3", req.tokens), 0) == 3 * BS
+    assert sched.matched_tokens(FakeRequest("w3", tokens), 0) == 3 * BS
     # vLLM's null block (0) is never stored under a real hash.
     assert sched.plan_store("w3", 3 * BS, ([1, 0, 3, 4],)) is None
     sched.close()

@@ -185,9 +185,9 @@ struct Connection {
     // stalled daemon fails the fast lookup (the caller falls back to gRPC,
     // which has the same deadline) instead of blocking the engine.
     const absl::Duration t = std::max(timeout, absl::Milliseconds(1));
-    const timeval tv{static_cast<time_t>(absl::ToInt64Seconds(t)),
-                     static_cast<suseconds_t>(absl::ToInt64Microseconds(t) %
-                                              1000000)};
+    const timeval tv{
+        static_cast<time_t>(absl::ToInt64Seconds(t)),
+        static_cast<suseconds_t>(absl::ToInt64Microseconds(t) % 1000000)};
     if (::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
         ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0 ||
         ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
@@ -250,8 +250,8 @@ struct Connection {
   // GiB on 4 KiB pages): it gets at least kAttachTimeout, whatever the
   // per-RPC deadline, so a short deadline for lookups never fails it.
   void AttachDeadline(grpc::ClientContext* ctx) const {
-    ctx->set_deadline(absl::ToChronoTime(
-        absl::Now() + std::max(timeout, kAttachTimeout)));
+    ctx->set_deadline(
+        absl::ToChronoTime(absl::Now() + std::max(timeout, kAttachTimeout)));
   }
 
   void CloseFast() {

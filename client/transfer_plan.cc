@@ -40,7 +40,7 @@ struct Extent {
   uint64_t stride = 0;
   uint64_t bytes = 0;
   uint64_t count = 0;
-  uint64_t end = 0;  // one past the last byte of the last block
+  uint64_t end = 0;       // one past the last byte of the last block
   bool snapshot = false;  // a snapshot segment (else a page bank's tensor)
 };
 

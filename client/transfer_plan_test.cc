@@ -378,7 +378,8 @@ TEST(TransferPlan, RejectsBadSnapshots) {
   {
     PlanInputs s;
     s.AddSnapshot();  // slot 1 of segment 1 lands on segment 0's slot 0
-    s.pool.snapshot[1].base = s.pool.snapshot[0].base - s.pool.snapshot[1].page_stride;
+    s.pool.snapshot[1].base =
+        s.pool.snapshot[0].base - s.pool.snapshot[1].page_stride;
     ExpectRejected(s, {"snapshot[1] overlaps snapshot[0]"});
   }
   {
@@ -397,7 +398,8 @@ TEST(TransferPlan, AcceptsSnapshotSegmentsOverlayingPages) {
   const PoolTensor& kv = s.pool.banks[0].tensors[0];
   s.pool.snapshot = {PoolTensor{kv.base, kv.page_stride, kv.bytes_per_page}};
   s.pool.num_snapshot_slots = s.pool.num_pages;
-  s.snapshot = HostBankView{0x300000000, 3, kv.bytes_per_page, kv.bytes_per_page};
+  s.snapshot =
+      HostBankView{0x300000000, 3, kv.bytes_per_page, kv.bytes_per_page};
   absl::StatusOr<TransferPlan> plan = s.Create();
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_TRUE(plan->has_snapshot());

@@ -73,12 +73,13 @@ def main():
             name = f"bench-{layout_name}"
             sched = KvtierScheduler(cfg, name, layout, cache)
             worker = KvtierWorker(cfg, name, layout, cache)
+            # Block 0 is vLLM's null block: never a request's, never stored.
             buf = torch.randint(0, 256, (args.gpu_blocks * row,), dtype=torch.uint8,
                                 device="cuda")
             worker.register(buf)
             stores, loads = [], []
             for rep in range(args.repeats):
-                blocks = random.Random(rep).sample(range(args.gpu_blocks), args.blocks)
+                blocks = random.Random(rep).sample(range(1, args.gpu_blocks), args.blocks)
                 hashes = [os.urandom(32) for _ in blocks]
                 req = Req(f"r{rep}", hashes, (args.blocks + 1) * args.block_size)
                 sched.matched_tokens(req, 0)
@@ -93,7 +94,7 @@ def main():
                 sched.on_report(report)
                 req2 = Req(f"l{rep}", hashes, req.num_tokens)
                 assert sched.matched_tokens(req2, 0) == args.blocks * args.block_size
-                dst = random.Random(100 + rep).sample(range(args.gpu_blocks), args.blocks)
+                dst = random.Random(100 + rep).sample(range(1, args.gpu_blocks), args.blocks)
                 sched.after_alloc(req2, (dst,), args.blocks * args.block_size)
                 jobs = sched.take_loads()
                 torch.cuda.synchronize()

@@ -38,7 +38,7 @@ import torch
 from vllm.distributed.kv_events import BlockStored
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole,
-    KVConnectorWorkerMetadata, SupportsHMA)
+    KVConnectorTransferResults, KVConnectorWorkerMetadata, SupportsHMA)
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
 
@@ -303,8 +303,6 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         per request: block ids are not unique across a hybrid model's
         groups. vLLM calls this first of the per-step reports; the others
         read the same StepReport."""
-        from vllm.distributed.kv_transfer.kv_connector.v1.base import (
-            KVConnectorTransferResults)
         if self._worker is None:
             return KVConnectorTransferResults()
         self._report = self._worker.poll()
@@ -367,7 +365,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         for req_id, computed in scheduled:
             # Draft tokens may be rejected: only what is verified is stored.
             n = so.num_scheduled_tokens.get(req_id, 0) - len(spec.get(req_id, ()))
-            if n <= 0 or self._kv_cache_manager is None:
+            if (n <= 0 or self._kv_cache_manager is None
+                    or not s.has_new_pages(req_id, computed + n)):
                 continue
             job = s.plan_store(req_id, computed + n,
                                self._kv_cache_manager.get_block_ids(req_id))

@@ -85,14 +85,20 @@ class KvtierScheduler:
 
     # -- hashes ----------------------------------------------------------------
 
-    def page_hashes(self, request, num_pages: int | None = None) -> list[bytes]:
-        """The kvtier key of each full block: vLLM's hash at its end."""
+    def num_full_pages(self, request) -> int:
+        """Full blocks of `request` whose hash vLLM has computed."""
+        return len(request.block_hashes) // self.cache.hashes_per_block
+
+    def page_hashes(self, request, num_pages: int | None = None,
+                    start: int = 0) -> list[bytes]:
+        """The kvtier keys of full blocks [start, num_pages): vLLM's hash at
+        each block's end."""
         r = self.cache.hashes_per_block
         hashes = request.block_hashes
-        n = len(hashes) // r
+        n = self.num_full_pages(request)
         if num_pages is not None:
             n = min(n, num_pages)
-        return [bytes(hashes[(i + 1) * r - 1]) for i in range(n)]
+        return [bytes(hashes[(i + 1) * r - 1]) for i in range(start, n)]
 
     # -- lookup ----------------------------------------------------------------
 
@@ -189,6 +195,16 @@ class KvtierScheduler:
 
     # -- store -----------------------------------------------------------------
 
+    def has_new_pages(self, req_id: str, computed_after: int) -> bool:
+        """Whether request `req_id` completes a block not yet stored by the
+        end of this step: checked before plan_store so that most decode
+        steps cost neither a block-table read nor hashing."""
+        t = self._reqs.get(req_id)
+        return (t is not None and not t.finished and self.config.store != "none"
+                and self.link.attached
+                and min(computed_after // self.bs,
+                        self.num_full_pages(t.request)) > t.stored_pages)
+
     def plan_store(self, req_id: str, computed_after: int,
                    block_ids: tuple[list[int], ...]) -> StoreJob | None:
         """The store job for the full blocks request `req_id` has computed by
@@ -199,16 +215,21 @@ class KvtierScheduler:
         if not self.link.attached:
             return None
         attn = block_ids[self.cache.attention_group]
-        full = min(computed_after // self.bs, len(attn))
-        if 0 in attn[:full]:
+        first = t.stored_pages
+        full = min(computed_after // self.bs, len(attn), self.num_full_pages(t.request))
+        if full <= first:
+            return None  # the common decode step: nothing new, nothing hashed
+        new = attn[first:full]
+        if 0 in new:
             # vLLM's null block stands in for a block the request no longer
             # holds: never store it under a real hash.
-            full = attn.index(0)
-        hashes = self.page_hashes(t.request, full)
-        full = len(hashes)
-        if full <= t.stored_pages:
-            return None
-        first = t.stored_pages
+            full = first + new.index(0)
+            if full <= first:
+                return None
+        # The new pages' hashes and their parent's.
+        hashes = self.page_hashes(t.request, full, start=max(first - 1, 0))
+        parent = hashes[0] if first else None
+        new_hashes = hashes[1:] if first else hashes
         snapshot_block = None
         if self.cache.hybrid:
             # The recurrent state is kept only where the step ends on the
@@ -217,8 +238,8 @@ class KvtierScheduler:
             if computed_after != full * self.bs or full > len(mamba) or mamba[full - 1] == 0:
                 return None
             snapshot_block = mamba[full - 1]
-        job = StoreJob(req_id, first, tuple(attn[first:full]), tuple(hashes[first:full]),
-                       hashes[first - 1] if first else None, snapshot_block)
+        job = StoreJob(req_id, first, tuple(attn[first:full]), tuple(new_hashes),
+                       parent, snapshot_block)
         t.stored_pages = full
         return job
 
@@ -237,12 +258,12 @@ class KvtierScheduler:
             t = self._reqs.get(req_id)
             if t is None:
                 continue
-            hashes = self.page_hashes(t.request, first + n)
+            hashes = self.page_hashes(t.request, first + n, start=max(first - 1, 0))
+            parent = hashes[0] if first else None
             tokens = tuple(getattr(t.request, "all_token_ids", ())[first * self.bs:
                                                                    (first + n) * self.bs])
             self._stored_events.append(StoredPages(
-                req_id, tuple(hashes[first:]), hashes[first - 1] if first else None,
-                tokens))
+                req_id, tuple(hashes[1:] if first else hashes), parent, tokens))
 
     def loads_done(self, req_ids) -> None:
         """The worker finished (or failed) copying these requests' hits: their

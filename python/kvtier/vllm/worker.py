@@ -100,8 +100,10 @@ class KvtierWorker:
                              timeout_ms=max(config.timeout_ms, 5000))
         self.buffer = None
         self._xfer = None
-        self._pending: list[tuple[PendingCommit, str, int, int]] = []
-        self._inflight_loads: list[tuple[object, set[str]]] = []
+        # (commit, event after its copies, req_id, first page, pages)
+        self._pending: list[tuple[PendingCommit, object, str, int, int]] = []
+        # (event after the copies, loaded req_ids, failed req_ids)
+        self._inflight_loads: list[tuple[object, set[str], set[str]]] = []
         self._report = StepReport()
         self.stats = WorkerStats()
 
@@ -164,6 +166,7 @@ class KvtierWorker:
         if not jobs:
             return
         ns = self._ready()
+        stream = self._stream()
         t0 = time.perf_counter()
         ok: set[str] = set()
         failed: set[str] = set()
@@ -173,10 +176,10 @@ class KvtierWorker:
                     raise KvtierError(14, "kvtier: not attached")
                 if len(job.rows) != len(job.block_ids):
                     raise ValueError("the hit cannot be loaded as vLLM allocated it")
-                self._xfer.rehydrate(job.block_ids, job.rows, self._stream())
+                self._xfer.rehydrate(job.block_ids, job.rows, stream)
                 if job.snapshot_block is not None:
                     self._xfer.restore_snapshot(job.snapshot_block, job.snapshot_row,
-                                                self._stream())
+                                                stream)
                 if self.config.fault == "corrupt-load" and job.block_ids:
                     self._corrupt(job.block_ids[0])
                 self.stats.load_blocks += len(job.block_ids)
@@ -188,7 +191,6 @@ class KvtierWorker:
                             len(job.block_ids), job.req_id, e)
                 self.stats.load_failures += 1
                 failed.add(job.req_id)
-        stream = self._stream()
         if stream is None:
             self._report.loaded |= ok
             self._report.failed_loads |= failed
@@ -215,6 +217,7 @@ class KvtierWorker:
         if not jobs or self.config.store == "none":
             return
         ns = self._ready()
+        stream = self._stream()
         t0 = time.perf_counter()
         for job in jobs:
             if ns is None:
@@ -224,7 +227,6 @@ class KvtierWorker:
             res = None
             try:
                 res = ns.reserve(len(job.block_ids), snaps)
-                stream = self._stream()
                 self._xfer.evict(job.block_ids, res.page_rows, stream)
                 placements = []
                 if snaps:
@@ -238,7 +240,10 @@ class KvtierWorker:
                 else:
                     pending = res.commit_after(stream, job.hashes, parent=job.parent,
                                                snapshots=placements)
-                    self._pending.append((pending, job.req_id, job.first_page,
+                    import torch
+                    copied = torch.cuda.Event()
+                    copied.record(stream)
+                    self._pending.append((pending, copied, job.req_id, job.first_page,
                                           len(job.hashes)))
                 res = None
                 self.stats.store_blocks += len(job.block_ids)
@@ -252,7 +257,6 @@ class KvtierWorker:
                 if res is not None and not res.closed:
                     # Copies into the rows may be queued: they must finish
                     # before the rows can be handed to anyone else.
-                    stream = self._stream()
                     if stream is not None:
                         stream.synchronize()
                     res.abort()
@@ -261,7 +265,8 @@ class KvtierWorker:
     def poll(self) -> StepReport:
         """What finished since the last poll: loads whose copies completed
         (their pins may go), commits, failures. Never blocks on the GPU; waits
-        at most 1 ms for the oldest pending commit."""
+        at most 1 ms for the oldest pending commit, and only once the GPU has
+        finished its copies (the commit RPC may still be under way)."""
         still = []
         for event, ok, failed in self._inflight_loads:
             if still or not event.query():
@@ -272,7 +277,9 @@ class KvtierWorker:
         self._inflight_loads = still
         self._report.attached = self._ready() is not None
         while self._pending:
-            pending, req_id, first, n = self._pending[0]
+            pending, copied, req_id, first, n = self._pending[0]
+            if not copied.query():
+                break  # the GPU is still copying: the commit cannot be done
             try:
                 pending.wait(timeout_ms=1)
             except KvtierError as e:
@@ -291,7 +298,7 @@ class KvtierWorker:
         if self._stream() is not None:
             for event, _, _ in self._inflight_loads:
                 event.synchronize()
-        for pending, req_id, first, n in self._pending:
+        for pending, _, req_id, first, n in self._pending:
             try:
                 pending.wait(timeout_ms=timeout_ms)
                 self._report.stored.append((req_id, first, n))

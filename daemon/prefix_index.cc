@@ -900,6 +900,34 @@ void PrefixIndex::Clear() {
 
 // ------------------------------------------------------- introspection --
 
+namespace {
+
+std::vector<uint32_t> RowsInState(const std::vector<uint8_t>& state,
+                                  uint64_t rows_per_rank, uint32_t rank,
+                                  uint8_t wanted) {
+  std::vector<uint32_t> out;
+  const uint64_t begin = uint64_t{rank} * rows_per_rank;
+  if (rows_per_rank == 0 || begin + rows_per_rank > state.size()) return out;
+  for (uint64_t r = 0; r < rows_per_rank; ++r) {
+    if (state[begin + r] == wanted) out.push_back(static_cast<uint32_t>(r));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<uint32_t> PrefixIndex::AllocatedPageRows(uint32_t rank) const {
+  if (rank >= ranks_) return {};
+  return RowsInState(pages_.state, pages_.rows_per_rank, rank,
+                     RowPool::kAllocated);
+}
+
+std::vector<uint32_t> PrefixIndex::AllocatedSnapshotRows(uint32_t rank) const {
+  if (rank >= ranks_) return {};
+  return RowsInState(snapshots_.state, snapshots_.rows_per_rank, rank,
+                     RowPool::kAllocated);
+}
+
 PrefixIndex::Usage PrefixIndex::GetUsage() const {
   Usage u;
   u.nodes = nodes_;

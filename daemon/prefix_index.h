@@ -243,6 +243,12 @@ class PrefixIndex {
   };
   // O(ranks).
   Usage GetUsage() const;
+  // The allocated-uncommitted rows of `rank` (reservations and fences:
+  // rows handed out for writing), ascending; empty for a bad rank or, for
+  // snapshots, a namespace that is not hybrid. The journal's checkpoint
+  // records them. O(rows of the rank).
+  std::vector<uint32_t> AllocatedPageRows(uint32_t rank) const;
+  std::vector<uint32_t> AllocatedSnapshotRows(uint32_t rank) const;
 
   struct PrefixInfo {
     HashKey leaf;

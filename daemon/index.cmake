@@ -1,5 +1,6 @@
 # kvtier_index: the per-namespace prefix index (daemon/prefix_index.h).
-add_library(kvtier_index STATIC ${CMAKE_CURRENT_LIST_DIR}/prefix_index.cc)
+add_library(kvtier_index STATIC ${CMAKE_CURRENT_LIST_DIR}/prefix_index.cc
+  ${CMAKE_CURRENT_LIST_DIR}/prefix_index_alloc.cc)
 kvtier_target_options(kvtier_index)
 target_include_directories(kvtier_index PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(kvtier_index PUBLIC

@@ -1,4 +1,5 @@
-// PrefixIndex: the per-namespace prefix tree, its row allocator and eviction.
+// PrefixIndex: the per-namespace prefix tree and its eviction helpers; row
+// allocation is in prefix_index_alloc.cc.
 #include "daemon/prefix_index.h"
 
 #include <algorithm>
@@ -18,8 +19,6 @@
 namespace kvtier::daemon {
 namespace {
 
-// AllocateSnapshotRows looks this far into the LRU for redundant snapshots.
-constexpr size_t kRedundancyScan = 64;
 // A redundancy check giving up after this many descendants says "needed".
 constexpr size_t kRedundancyVisits = 4096;
 
@@ -429,83 +428,8 @@ bool PrefixIndex::SnapshotRedundant(uint32_t id) const {
 
 // ---------------------------------------------------------- allocation --
 
-absl::StatusOr<std::vector<uint32_t>> PrefixIndex::AllocatePageRows(
-    uint32_t rank, uint32_t n) {
-  if (absl::Status s = ValidateRank(rank); !s.ok()) return s;
-  if (n > pages_.rows_per_rank) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("n: ", n, " page rows exceed the bank's ",
-                     pages_.rows_per_rank, " rows per rank"));
-  }
-  const std::vector<uint32_t>& stack = pages_.free[rank];
-  while (stack.size() < n && !leaf_lru_.empty()) {
-    EvictLeaf(leaf_lru_.begin()->second);
-  }
-  if (stack.size() < n) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "page rows of rank ", rank, ": need ", n, ", ", stack.size(),
-        " free after evicting every unpinned prefix; ", pages_.committed[rank],
-        " held by pinned prefixes, ", pages_.allocated[rank],
-        " allocated uncommitted (reservations)"));
-  }
-  return TakeRows(pages_, rank, n);
-}
-
-absl::StatusOr<std::vector<uint32_t>> PrefixIndex::AllocateSnapshotRows(
-    uint32_t rank, uint32_t n) {
-  if (!hybrid_) {
-    return absl::FailedPreconditionError(
-        "snapshot rows: the namespace is not hybrid (snapshot_rows is 0)");
-  }
-  if (absl::Status s = ValidateRank(rank); !s.ok()) return s;
-  if (n > snapshots_.rows_per_rank) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("n: ", n, " snapshot rows exceed the bank's ",
-                     snapshots_.rows_per_rank, " rows per rank"));
-  }
-  const std::vector<uint32_t>& stack = snapshots_.free[rank];
-  // Only snapshots holding a row of `rank` help; the others are skipped.
-  if (stack.size() < n && max_replay_tokens_ > 0) {
-    size_t scanned = 0;
-    auto it = snapshot_lru_.begin();
-    while (stack.size() < n && it != snapshot_lru_.end() &&
-           scanned < kRedundancyScan) {
-      const auto key = *it;
-      ++scanned;
-      if (SnapshotRow(key.second, rank) == kNoRow) {
-        ++it;
-        continue;
-      }
-      if (SnapshotRedundant(key.second)) {
-        EvictSnapshot(key.second);
-        it = snapshot_lru_.upper_bound(key);
-      } else {
-        ++it;
-      }
-    }
-  }
-  auto it = snapshot_lru_.begin();
-  while (stack.size() < n && it != snapshot_lru_.end()) {
-    const auto key = *it;
-    if (SnapshotRow(key.second, rank) == kNoRow) {
-      ++it;
-      continue;
-    }
-    if (max_replay_tokens_ > 0 && !SnapshotRedundant(key.second)) {
-      ++spacing_violations_;
-    }
-    EvictSnapshot(key.second);
-    it = snapshot_lru_.upper_bound(key);
-  }
-  if (stack.size() < n) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "snapshot rows of rank ", rank, ": need ", n, ", ", stack.size(),
-        " free after evicting every unpinned snapshot; ",
-        snapshots_.committed[rank], " held by pinned nodes, ",
-        snapshots_.allocated[rank], " allocated uncommitted (reservations)"));
-  }
-  return TakeRows(snapshots_, rank, n);
-}
+// AllocateRows, AllocatePageRows and AllocateSnapshotRows:
+// prefix_index_alloc.cc.
 
 absl::Status PrefixIndex::FreePageRows(uint32_t rank,
                                        absl::Span<const uint32_t> rows) {

@@ -78,24 +78,56 @@ class PrefixIndex {
 
   // ---------------------------------------------------------- allocation --
 
-  // Returns `n` page rows of `rank`, now allocated-uncommitted (owned by the
-  // caller until Commit or FreePageRows). When fewer than `n` are free, evicts
-  // least-recently-used unpinned leaves (each frees all its ranks' page and
-  // snapshot rows) until enough are. All-or-nothing for the allocation:
-  // RESOURCE_EXHAUSTED (naming needed / free / pinned / reserved counts) when
-  // eviction cannot free enough; leaves evicted on the way stay evicted.
-  // INVALID_ARGUMENT for a bad rank (must be 0 when replicated) or n above
-  // the bank's rows per rank. n == 0 returns no rows.
+  struct AllocatedRows {
+    std::vector<uint32_t> page_rows;
+    std::vector<uint32_t> snapshot_rows;
+  };
+
+  // Returns `pages` page rows and `snapshots` snapshot rows of `rank`, now
+  // allocated-uncommitted (owned by the caller until Commit or
+  // FreePageRows / FreeSnapshotRows). All-or-nothing, and reserve fails
+  // before it evicts: it first decides, changing nothing, whether both
+  // counts can be had from the free rows plus what eviction could reclaim,
+  // and only then evicts and takes the rows. On any error the index is
+  // exactly unchanged (nothing evicted, no recency or counter moved).
+  //
+  // Eviction, only as far as needed: first least-recently-used unpinned
+  // leaves, for page rows (each frees all its ranks' page and snapshot
+  // rows); then, for snapshot rows still short, snapshots alone (the nodes
+  // stay) by AllocateSnapshotRows' policy below.
+  // Reclaimable for `rank`: page rows of nodes that are neither pinned nor
+  // ancestors of a pinned node (leaf-first eviction never reaches those);
+  // snapshot rows of unpinned nodes (an unpinned ancestor's snapshot can go
+  // alone). Allocated-uncommitted rows (reservations) are never reclaimable.
+  // The two banks are independent: evicting leaves only frees reclaimable
+  // snapshot rows, so it changes neither bank's free + reclaimable.
+  //
+  // RESOURCE_EXHAUSTED naming the bank ("page rows" / "snapshot rows") and
+  // its needed / free / reclaimable by eviction / pinned (protected) /
+  // reserved (allocated-uncommitted) counts, when free + reclaimable is
+  // short. INVALID_ARGUMENT for a bad rank (must be 0 when replicated) or a
+  // count above the bank's rows per rank; FAILED_PRECONDITION for
+  // snapshots > 0 when the namespace is not hybrid. Zero counts return no
+  // rows. Cost beyond the rows taken and evicted: O(1) while enough rows
+  // are free; else O(pinned nodes), plus, only when a cheap bound cannot
+  // show pages feasible, O(pinned nodes and their ancestors).
+  absl::StatusOr<AllocatedRows> AllocateRows(uint32_t rank, uint32_t pages,
+                                             uint32_t snapshots);
+
+  // AllocateRows(rank, n, 0).page_rows, with the same all-or-nothing
+  // contract: refused (RESOURCE_EXHAUSTED) without evicting anything when
+  // the free plus reclaimable page rows are fewer than `n`.
   absl::StatusOr<std::vector<uint32_t>> AllocatePageRows(uint32_t rank,
                                                          uint32_t n);
 
-  // As AllocatePageRows, for the snapshot bank (FAILED_PRECONDITION when the
-  // namespace is not hybrid). When short it evicts snapshots only (the nodes
-  // stay): first, in LRU order among the ~64 least recent, snapshots the
-  // spacing policy calls redundant; then the LRU snapshot regardless (counted
-  // in Usage::spacing_violations when it was not redundant). Evicting whole
-  // leaves could not help further: every snapshot left then sits on a pinned
-  // node.
+  // AllocateRows(rank, 0, n).snapshot_rows (FAILED_PRECONDITION when the
+  // namespace is not hybrid, even for n == 0). When short it evicts
+  // snapshots only (the nodes stay): first, in LRU order among the ~64
+  // least recent, snapshots the spacing policy calls redundant; then the LRU
+  // snapshot regardless (counted in Usage::spacing_violations when it was
+  // not redundant). Evicting whole leaves could not help further: every
+  // snapshot left then sits on a pinned node. Refused without evicting
+  // anything when the free plus reclaimable snapshot rows are fewer than n.
   absl::StatusOr<std::vector<uint32_t>> AllocateSnapshotRows(uint32_t rank,
                                                              uint32_t n);
 
@@ -160,6 +192,18 @@ class PrefixIndex {
   LookupResult Find(absl::Span<const HashKey> hashes, uint32_t rank) const;
   void Touch(uint32_t node);
   bool NodeHasKey(uint32_t node, const HashKey& key) const;
+  // The live node of `key` (kNoNode when absent), and its page row for
+  // `rank` (a replicated index answers rank 0's for every rank; kNoRow when
+  // the node is not live or holds no row of the rank). The fence re-pins a
+  // lease reported after a restart through them.
+  uint32_t NodeOf(const HashKey& key) const {
+    auto it = by_key_.find(key);
+    return it == by_key_.end() ? kNoNode : *it;
+  }
+  uint32_t PageRowOf(uint32_t node, uint32_t rank) const {
+    if (!IsLive(node) || rank >= tp_size_) return kNoRow;
+    return PageRow(node, ranks_ == 1 ? 0 : rank);
+  }
 
   // -------------------------------------------------------------- commit --
 
@@ -428,6 +472,20 @@ class PrefixIndex {
   absl::Status ValidateRank(uint32_t rank) const;
   // Pops n free rows of `rank` into allocated-uncommitted. REQUIRES: enough.
   std::vector<uint32_t> TakeRows(RowPool& pool, uint32_t rank, uint32_t n);
+  // Allocation (prefix_index_alloc.cc). Sum of depth + 1 over pinned
+  // nodes: a bound on the nodes pins protect (each pinned node and its
+  // ancestors). O(pinned nodes).
+  uint64_t PinnedPathBound() const;
+  // Committed page rows of `rank` held by pinned nodes and their ancestors,
+  // which leaf eviction cannot free: a walk up from each pinned node that
+  // stops at nodes already seen. O(pinned nodes and their ancestors).
+  uint64_t ProtectedPageRows(uint32_t rank) const;
+  // Committed snapshot rows of `rank` on pinned nodes. O(pinned nodes).
+  uint64_t PinnedSnapshotRows(uint32_t rank) const;
+  // Evict until `rank` has `n` free rows of the bank, as far as eviction
+  // can. Return whether it has.
+  bool EvictLeavesFor(uint32_t rank, uint32_t n);
+  bool EvictSnapshotsFor(uint32_t rank, uint32_t n);
   // FreePageRows / FreeSnapshotRows; `bank` names the bank in messages.
   static absl::Status FreeRows(RowPool& pool, uint32_t rank,
                                absl::Span<const uint32_t> rows,

@@ -119,6 +119,48 @@ std::vector<uint32_t> RowsOf(PrefixIndex& index,
   return index.Lookup(hashes, rank).rows;
 }
 
+// Everything observable about the index, changing nothing: usage, invariants,
+// both prefix listings, every node, and Find (Lookup without its touch) of
+// each of `chains` for each rank below `ranks`.
+std::string Dump(const PrefixIndex& index,
+                 const std::vector<std::vector<HashKey>>& chains,
+                 uint32_t ranks = 1) {
+  std::string out = Describe(index.GetUsage());
+  absl::StrAppend(&out, "\ninvariants: ", index.CheckInvariants().ToString());
+  for (bool by_recent : {true, false}) {
+    uint64_t total = 0;
+    for (const auto& p : index.ListPrefixes(by_recent, 1000, &total)) {
+      absl::StrAppend(&out, "\nprefix ", p.leaf.bytes[0], ",", p.leaf.bytes[1],
+                      " pages=", p.pages, " snapshots=", p.snapshots,
+                      " tick=", p.last_use_tick, " ms=", p.last_use_unix_ms,
+                      " pins=", p.pins);
+    }
+    absl::StrAppend(&out, "\ntotal ", total);
+  }
+  index.ForEachNode([&](const PrefixIndex::NodeView& v) {
+    absl::StrAppend(
+        &out, "\nnode ", v.id, " parent=", v.parent, " depth=", v.depth,
+        " rows=[", absl::StrJoin(v.page_rows, ","), "] snaps=[",
+        absl::StrJoin(v.snapshot_rows, ","), "] tick=", v.last_use_tick);
+  });
+  for (const auto& chain : chains) {
+    for (uint32_t rank = 0; rank < ranks; ++rank) {
+      const LookupResult r = index.Find(chain, rank);
+      absl::StrAppend(
+          &out, "\nfind matched=", r.matched_pages, " usable=", r.usable_pages,
+          " rows=[", absl::StrJoin(r.rows, ","), "] snap=", r.has_snapshot, "/",
+          r.snapshot_row, " pin=", r.pin_node, " touch=", r.touch_node);
+    }
+  }
+  return out;
+}
+
+// Whether `status` is RESOURCE_EXHAUSTED with `text` in its message.
+bool ExhaustedWith(const absl::Status& status, const std::string& text) {
+  return status.code() == absl::StatusCode::kResourceExhausted &&
+         status.message().find(text) != std::string::npos;
+}
+
 // Microseconds per call of `fn`: the best of 7 batches of `iters` calls
 // (the machine may be shared; the best batch is the least disturbed).
 template <typename Fn>
@@ -493,19 +535,29 @@ TEST(PrefixIndexTest, PinsBlockEviction) {
   Put(*index, 0, nullptr, a);
   LookupResult r = index->Lookup({a[0], a[1]}, 0);
   index->Pin(r.pin_node);  // Protects a[0..1].
-  // Needs 3: a[3] and a[2] go, then nothing else can.
+  // Needs 3: only a[3] and a[2] could go, so nothing does (refused before
+  // evicting; the old contract evicted them on the way).
   auto rows = index->AllocatePageRows(0, 3);
   EXPECT_EQ(rows.status().code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(rows.status().message().find("need 3, 2 free"), std::string::npos)
+  EXPECT_NE(rows.status().message().find(
+                "page rows of rank 0: need 3, 0 free, 2 reclaimable by "
+                "eviction, 2 pinned"),
+            std::string::npos)
       << rows.status();
-  EXPECT_NE(rows.status().message().find("2 held by pinned"), std::string::npos)
+  EXPECT_NE(rows.status().message().find("0 reserved"), std::string::npos)
       << rows.status();
   PrefixIndex::Usage u = index->GetUsage();
-  EXPECT_EQ(u.nodes, 2u);
+  EXPECT_EQ(u.nodes, 4u);
+  EXPECT_EQ(u.evicted_pages, 0u);
   EXPECT_EQ(u.allocated_page_rows[0], 0u);  // Nothing allocated.
-  EXPECT_EQ(u.free_page_rows[0], 2u);
-  EXPECT_EQ(index->Lookup(a, 0).matched_pages, 2u);
+  EXPECT_EQ(u.free_page_rows[0], 0u);
+  EXPECT_EQ(index->Lookup(a, 0).matched_pages, 4u);
   ASSERT_TRUE(index->CheckInvariants().ok());
+  // Two can be had: a[3] and a[2] go.
+  rows = index->AllocatePageRows(0, 2);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  EXPECT_EQ(index->Lookup(a, 0).matched_pages, 2u);
+  ASSERT_TRUE(index->FreePageRows(0, *rows).ok());
 
   // Unpin: now it can.
   EXPECT_TRUE(index->Unpin(r.pin_node).ok());
@@ -539,6 +591,230 @@ TEST(PrefixIndexTest, EverythingPinnedIsResourceExhaustedUnchanged) {
   EXPECT_TRUE(index->AllocatePageRows(0, 1).ok());
   EXPECT_EQ(index->Lookup(b, 0).matched_pages, 2u);
   EXPECT_TRUE(index->CheckInvariants().ok());
+}
+
+TEST(PrefixIndexTest, RefusedAllocationChangesNothing) {
+  auto index = Make(Config(16, 4));
+  const auto a = Chain(1, 6);
+  const auto b = Chain(2, 4);
+  const auto c = Chain(3, 4);
+  Put(*index, 0, nullptr, a, {2, 5});
+  Put(*index, 0, nullptr, b, {3});
+  Put(*index, 0, nullptr, c, {1});
+  // A reservation takes the last two free page rows: never reclaimable.
+  auto held = index->AllocateRows(0, 2, 0);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_TRUE(held->snapshot_rows.empty());
+  const uint32_t pa = index->Lookup({a[0], a[1], a[2], a[3]}, 0).pin_node;
+  const uint32_t pb = index->Lookup(b, 0).pin_node;
+  index->Pin(pa);  // a[2] (the snapshot there): protects a[0..2].
+  index->Pin(pb);  // b[3]: protects b.
+  // Pages: 0 free, 7 pinned (a[0..2], b), 7 reclaimable (a[3..5], c), 2
+  // reserved. Snapshots: 0 free, 2 pinned (a[2], b[3]), 2 reclaimable.
+  const std::vector<std::vector<HashKey>> chains = {a, b, c, {a[0], a[1]}};
+  const std::string before = Dump(*index, chains);
+  ASSERT_TRUE(index->CheckInvariants().ok());
+
+  auto p = index->AllocatePageRows(0, 8);
+  EXPECT_TRUE(ExhaustedWith(
+      p.status(),
+      "page rows of rank 0: need 8, 0 free, 7 reclaimable by eviction, 7 "
+      "pinned (held by pinned nodes and their ancestors), 2 reserved "
+      "(allocated uncommitted)"))
+      << p.status();
+  EXPECT_NE(p.status().message().find("nothing was evicted"),
+            std::string::npos);
+  EXPECT_EQ(Dump(*index, chains), before);
+
+  auto s = index->AllocateSnapshotRows(0, 3);
+  EXPECT_TRUE(ExhaustedWith(
+      s.status(),
+      "snapshot rows of rank 0: need 3, 0 free, 2 reclaimable by eviction, 2 "
+      "pinned (on pinned nodes), 0 reserved"))
+      << s.status();
+  EXPECT_EQ(Dump(*index, chains), before);
+
+  auto both = index->AllocateRows(0, 8, 3);
+  EXPECT_TRUE(ExhaustedWith(both.status(), "page rows of rank 0: need 8"))
+      << both.status();
+  EXPECT_TRUE(ExhaustedWith(both.status(), "snapshot rows of rank 0: need 3"))
+      << both.status();
+  EXPECT_EQ(Dump(*index, chains), before);
+  // One short in one bank is enough to refuse both.
+  EXPECT_TRUE(ExhaustedWith(index->AllocateRows(0, 8, 2).status(), "page"));
+  EXPECT_TRUE(ExhaustedWith(index->AllocateRows(0, 7, 3).status(), "snapshot"));
+  EXPECT_EQ(Dump(*index, chains), before);
+  // Validation errors change nothing either.
+  EXPECT_EQ(index->AllocateRows(0, 17, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(index->AllocateRows(0, 0, 5).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(index->AllocateRows(1, 1, 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Dump(*index, chains), before);
+
+  // Exactly free + reclaimable in both banks: granted, evicting all of it.
+  auto all = index->AllocateRows(0, 7, 2);
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(all->page_rows.size(), 7u);
+  EXPECT_EQ(all->snapshot_rows.size(), 2u);
+  PrefixIndex::Usage u = index->GetUsage();
+  EXPECT_EQ(u.nodes, 7u);
+  EXPECT_EQ(u.evicted_pages, 7u);
+  EXPECT_EQ(u.free_page_rows[0], 0u);
+  EXPECT_EQ(u.allocated_page_rows[0], 9u);
+  EXPECT_EQ(u.allocated_snapshot_rows[0], 2u);
+  EXPECT_EQ(index->Lookup(a, 0).usable_pages, 3u);
+  EXPECT_EQ(index->Lookup(b, 0).usable_pages, 4u);
+  EXPECT_EQ(index->Lookup(c, 0).matched_pages, 0u);
+  EXPECT_TRUE(index->CheckInvariants().ok()) << index->CheckInvariants();
+  ASSERT_TRUE(index->Unpin(pa).ok());
+  ASSERT_TRUE(index->Unpin(pb).ok());
+}
+
+TEST(PrefixIndexTest, FullBankOfUnpinnedPrefixesReservesTheWholeBank) {
+  for (uint32_t replay : {0u, 64u}) {
+    auto index = Make(Config(24, 6, 2, false, replay));
+    // Both ranks: three 8-page prefixes, two snapshots each.
+    for (uint64_t chain = 1; chain <= 3; ++chain) {
+      for (uint32_t rank = 0; rank < 2; ++rank) {
+        Put(*index, rank, nullptr, Chain(chain, 8), {3, 7});
+      }
+    }
+    PrefixIndex::Usage u = index->GetUsage();
+    ASSERT_EQ(u.free_page_rows, (std::vector<uint64_t>{0, 0}));
+    ASSERT_EQ(u.free_snapshot_rows, (std::vector<uint64_t>{0, 0}));
+    auto all = index->AllocateRows(1, 24, 6);
+    ASSERT_TRUE(all.ok()) << all.status();
+    EXPECT_EQ(all->page_rows.size(), 24u);
+    EXPECT_EQ(all->snapshot_rows.size(), 6u);
+    u = index->GetUsage();
+    EXPECT_EQ(u.nodes, 0u);
+    EXPECT_EQ(u.free_page_rows, (std::vector<uint64_t>{24, 0}));
+    EXPECT_EQ(u.free_snapshot_rows, (std::vector<uint64_t>{6, 0}));
+    EXPECT_TRUE(index->CheckInvariants().ok()) << index->CheckInvariants();
+  }
+}
+
+TEST(PrefixIndexTest, AllocateRowsSnapshotsImpossibleChangesNothing) {
+  auto index = Make(Config(16, 4));
+  const auto a = Chain(1, 8);
+  const auto b = Chain(2, 4);
+  Put(*index, 0, nullptr, a, {3, 7});
+  Put(*index, 0, nullptr, b, {1, 3});
+  const uint32_t pa = index->Lookup(a, 0).pin_node;             // a[7].
+  const uint32_t pb = index->Lookup({b[0], b[1]}, 0).pin_node;  // b[1].
+  index->Pin(pa);
+  index->Pin(pb);
+  // Pages: 4 free, 2 reclaimable (b[2..3]). Snapshots: 0 free, 2
+  // reclaimable (a[3] alone, b[3] with its leaf), 2 pinned (a[7], b[1]).
+  const std::vector<std::vector<HashKey>> chains = {a, b, {a[0], a[1], a[2]}};
+  const std::string before = Dump(*index, chains);
+  auto r = index->AllocateRows(0, 6, 3);
+  EXPECT_TRUE(ExhaustedWith(
+      r.status(),
+      "snapshot rows of rank 0: need 3, 0 free, 2 reclaimable by eviction, 2 "
+      "pinned"))
+      << r.status();
+  EXPECT_EQ(r.status().message().find("page rows"), std::string::npos)
+      << r.status();  // The page bank was fine.
+  EXPECT_EQ(Dump(*index, chains), before);
+
+  // Feasible: the leaf eviction for pages frees b[3]'s snapshot, so only
+  // a[3]'s goes alone.
+  r = index->AllocateRows(0, 6, 2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  PrefixIndex::Usage u = index->GetUsage();
+  EXPECT_EQ(u.nodes, 10u);
+  EXPECT_EQ(u.evicted_pages, 2u);
+  EXPECT_EQ(u.evicted_snapshots, 2u);
+  EXPECT_EQ(u.committed_snapshot_rows[0], 2u);
+  EXPECT_EQ(index->Lookup(a, 0).usable_pages, 8u);
+  EXPECT_EQ(index->Lookup({a[0], a[1], a[2], a[3]}, 0).usable_pages, 0u);
+  EXPECT_EQ(index->Lookup(b, 0).usable_pages, 2u);
+  EXPECT_TRUE(index->CheckInvariants().ok()) << index->CheckInvariants();
+  ASSERT_TRUE(index->Unpin(pa).ok());
+  ASSERT_TRUE(index->Unpin(pb).ok());
+}
+
+TEST(PrefixIndexTest, TensorParallelRefusalCountsTheRanksRows) {
+  auto index = Make(Config(8, 0, 2));
+  const auto a = Chain(1, 6);
+  const auto b = Chain(2, 2);
+  Put(*index, 0, nullptr, a);  // Rank 0: a[0..5].
+  Put(*index, 1, nullptr, {a[0], a[1], a[2]});
+  Put(*index, 1, nullptr, b);  // Rank 1 only.
+  const uint32_t pin = index->Lookup({a[0], a[1]}, 1).pin_node;
+  ASSERT_NE(pin, kNoNode);
+  index->Pin(pin);  // Protects a[0..1], both ranks' rows.
+  // Rank 0: 2 free, 4 reclaimable (a[2..5]). Rank 1: 3 free, 3 reclaimable
+  // (a[2], b[0..1]); a[3..5] hold no rank-1 row.
+  const std::vector<std::vector<HashKey>> chains = {a, b, {a[0], a[1], a[2]}};
+  const std::string before = Dump(*index, chains, 2);
+  auto r0 = index->AllocatePageRows(0, 7);
+  EXPECT_TRUE(ExhaustedWith(
+      r0.status(),
+      "page rows of rank 0: need 7, 2 free, 4 reclaimable by eviction, 2 "
+      "pinned"))
+      << r0.status();
+  auto r1 = index->AllocatePageRows(1, 7);
+  EXPECT_TRUE(ExhaustedWith(
+      r1.status(),
+      "page rows of rank 1: need 7, 3 free, 3 reclaimable by eviction, 2 "
+      "pinned"))
+      << r1.status();
+  EXPECT_EQ(Dump(*index, chains, 2), before);
+
+  // Rank 1's six: every unprotected node goes (a[3..5] first, freeing only
+  // rank 0's rows), which frees rank 0's rows too.
+  r1 = index->AllocatePageRows(1, 6);
+  ASSERT_TRUE(r1.ok()) << r1.status();
+  PrefixIndex::Usage u = index->GetUsage();
+  EXPECT_EQ(u.nodes, 2u);
+  EXPECT_EQ(u.committed_page_rows, (std::vector<uint64_t>{2, 2}));
+  EXPECT_EQ(u.free_page_rows, (std::vector<uint64_t>{6, 0}));
+  EXPECT_EQ(index->Lookup(a, 1).matched_pages, 2u);
+  EXPECT_TRUE(index->CheckInvariants().ok()) << index->CheckInvariants();
+  ASSERT_TRUE(index->Unpin(pin).ok());
+}
+
+TEST(PrefixIndexTest, PinnedDeepNodeProtectsItsAncestors) {
+  auto index = Make(Config(14));
+  const auto a = Chain(1, 10);
+  const auto tail = Chain(3, 2, 3);  // c: a[0..2] then pages 3 and 4.
+  const auto c = Concat({a[0], a[1], a[2]}, tail);
+  const auto b = Chain(2, 2);
+  Put(*index, 0, nullptr, a);
+  Put(*index, 0, &a[2], tail);
+  Put(*index, 0, nullptr, b);
+  ASSERT_EQ(index->GetUsage().free_page_rows[0], 0u);
+  const uint32_t p6 =
+      index->Lookup(std::vector<HashKey>(a.begin(), a.begin() + 7), 0).pin_node;
+  const uint32_t pc = index->Lookup(c, 0).pin_node;
+  const uint32_t p4 =
+      index->Lookup(std::vector<HashKey>(a.begin(), a.begin() + 5), 0).pin_node;
+  index->Pin(p6);
+  index->Pin(p6);
+  index->Pin(pc);  // Shares a[0..2] with a[6]'s path.
+  index->Pin(p4);  // Already protected by a[6]'s pin.
+  // Protected: a[0..6] and c's two pages, 9; reclaimable: a[7..9] and b, 5.
+  const std::vector<std::vector<HashKey>> chains = {a, b, c};
+  const std::string before = Dump(*index, chains);
+  auto r = index->AllocatePageRows(0, 6);
+  EXPECT_TRUE(ExhaustedWith(
+      r.status(),
+      "need 6, 0 free, 5 reclaimable by eviction, 9 pinned (held by pinned "
+      "nodes and their ancestors), 0 reserved"))
+      << r.status();
+  EXPECT_EQ(Dump(*index, chains), before);
+  r = index->AllocatePageRows(0, 5);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(index->GetUsage().nodes, 9u);
+  EXPECT_EQ(index->Lookup(a, 0).matched_pages, 7u);
+  EXPECT_EQ(index->Lookup(c, 0).matched_pages, 5u);
+  EXPECT_EQ(index->Lookup(b, 0).matched_pages, 0u);
+  EXPECT_TRUE(index->CheckInvariants().ok()) << index->CheckInvariants();
+  for (uint32_t p : {p6, p6, pc, p4}) ASSERT_TRUE(index->Unpin(p).ok());
 }
 
 TEST(PrefixIndexTest, DedupOnCommit) {
@@ -978,7 +1254,9 @@ TEST(PrefixIndexTest, ClearDropsEverything) {
 }
 
 // Random operations on a small TP-2 hybrid index, invariants after each, and
-// every row Lookup returns is the one last committed for that page and rank.
+// every row Lookup returns is the one last committed for that page and rank;
+// each allocation succeeds exactly when an outside count of free plus
+// reclaimable rows allows it, and a refused one changes nothing.
 TEST(PrefixIndexTest, RandomOperationsKeepInvariants) {
   auto index = Make(Config(48, 12, 2, false, 48));
   std::mt19937_64 rng(42);
@@ -997,7 +1275,49 @@ TEST(PrefixIndexTest, RandomOperationsKeepInvariants) {
            static_cast<char>(rank);
   };
   std::vector<uint32_t> pins;
-  int commits = 0, lookups_hit = 0;
+  // The most rows of `rank` an allocation may get, computed from the outside:
+  // free plus committed rows of nodes neither pinned nor ancestors of a
+  // pinned node (pages), or of unpinned nodes (snapshots).
+  struct Capacity {
+    uint64_t pages = 0, snapshots = 0;
+  };
+  auto capacity = [&](uint32_t rank) {
+    struct Seen {
+      uint32_t parent;
+      bool page, snapshot;
+    };
+    absl::flat_hash_map<uint32_t, Seen> nodes;
+    index->ForEachNode([&](const PrefixIndex::NodeView& v) {
+      nodes[v.id] = {v.parent, v.page_rows[rank] != kNoRow,
+                     v.snapshot_rows[rank] != kNoRow};
+    });
+    absl::flat_hash_map<uint32_t, bool> is_protected;
+    for (uint32_t pin : pins) {
+      for (uint32_t n = pin; n != kNoNode; n = nodes.at(n).parent) {
+        is_protected[n] = true;
+      }
+    }
+    PrefixIndex::Usage u = index->GetUsage();
+    Capacity cap{u.free_page_rows[rank], u.free_snapshot_rows[rank]};
+    for (const auto& [id, seen] : nodes) {
+      if (seen.page && !is_protected.contains(id)) ++cap.pages;
+      const bool pinned = std::find(pins.begin(), pins.end(), id) != pins.end();
+      if (seen.snapshot && !pinned) ++cap.snapshots;
+    }
+    return cap;
+  };
+  // Checks an allocation's outcome against the capacity before it.
+  auto check = [&](const absl::Status& status, const Capacity& cap,
+                   uint64_t pages, uint64_t snapshots,
+                   const std::string& before) {
+    if (pages <= cap.pages && snapshots <= cap.snapshots) {
+      EXPECT_TRUE(status.ok()) << status;
+    } else {
+      EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+      EXPECT_EQ(Describe(index->GetUsage()), before);
+    }
+  };
+  int commits = 0, lookups_hit = 0, refused = 0;
   for (int step = 0; step < 4000; ++step) {
     const uint32_t rank = rng() % 2;
     const auto p = path(rng() % 3, rng() % 4, 2 + rng() % 10);
@@ -1006,12 +1326,21 @@ TEST(PrefixIndexTest, RandomOperationsKeepInvariants) {
       const size_t from = rng() % p.size();
       const size_t n = 1 + rng() % (p.size() - from);
       std::vector<HashKey> hashes(p.begin() + from, p.begin() + from + n);
+      Capacity cap = capacity(rank);
+      std::string before_alloc = Describe(index->GetUsage());
       auto rows = index->AllocatePageRows(rank, n);
-      if (!rows.ok()) continue;
+      check(rows.status(), cap, n, 0, before_alloc);
+      if (!rows.ok()) {
+        ++refused;
+        continue;
+      }
       std::vector<PrefixIndex::SnapshotPlacement> snaps;
       std::vector<uint32_t> snap_rows;
       if (rng() % 2) {
+        cap = capacity(rank);
+        before_alloc = Describe(index->GetUsage());
         auto s = index->AllocateSnapshotRows(rank, 1);
+        check(s.status(), cap, 0, 1, before_alloc);
         if (s.ok()) {
           snap_rows = *s;
           snaps.push_back({(*s)[0], hashes[rng() % n]});
@@ -1049,7 +1378,7 @@ TEST(PrefixIndexTest, RandomOperationsKeepInvariants) {
         index->Pin(r.pin_node);
         pins.push_back(r.pin_node);
       }
-    } else if (op < 8 && !pins.empty()) {
+    } else if (op < 8 && pins.size() > 8) {  // Some pins stay held.
       const size_t k = rng() % pins.size();
       ASSERT_TRUE(index->Unpin(pins[k]).ok());
       pins.erase(pins.begin() + k);
@@ -1059,9 +1388,18 @@ TEST(PrefixIndexTest, RandomOperationsKeepInvariants) {
                   d.status().code() == absl::StatusCode::kFailedPrecondition)
           << d.status();
     } else {
-      auto rows = index->AllocatePageRows(rank, 1 + rng() % 8);
+      // Up to the whole bank: refused whenever pins protect too much.
+      const uint32_t pages = 1 + rng() % 48;
+      const uint32_t snapshots = rng() % 13;
+      const Capacity cap = capacity(rank);
+      const std::string before_alloc = Describe(index->GetUsage());
+      auto rows = index->AllocateRows(rank, pages, snapshots);
+      check(rows.status(), cap, pages, snapshots, before_alloc);
       if (rows.ok()) {
-        ASSERT_TRUE(index->FreePageRows(rank, *rows).ok());
+        ASSERT_TRUE(index->FreePageRows(rank, rows->page_rows).ok());
+        ASSERT_TRUE(index->FreeSnapshotRows(rank, rows->snapshot_rows).ok());
+      } else {
+        ++refused;
       }
     }
     absl::Status s = index->CheckInvariants();
@@ -1069,6 +1407,7 @@ TEST(PrefixIndexTest, RandomOperationsKeepInvariants) {
   }
   EXPECT_GT(commits, 100);
   EXPECT_GT(lookups_hit, 50);
+  EXPECT_GT(refused, 10);
   for (uint32_t p : pins) ASSERT_TRUE(index->Unpin(p).ok());
   EXPECT_TRUE(index->CheckInvariants().ok());
 }

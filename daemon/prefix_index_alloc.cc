@@ -1,0 +1,199 @@
+// PrefixIndex: row allocation, which decides before it evicts (see
+// AllocateRows in daemon/prefix_index.h).
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "daemon/prefix_index.h"
+
+namespace kvtier::daemon {
+namespace {
+
+// AllocateSnapshotRows looks this far into the LRU for redundant snapshots.
+constexpr size_t kRedundancyScan = 64;
+
+// One bank's shortfall, for RESOURCE_EXHAUSTED.
+std::string Shortfall(const char* bank, uint32_t rank, uint64_t need,
+                      uint64_t free, uint64_t reclaimable,
+                      uint64_t protected_rows, const char* protected_by,
+                      uint64_t reserved) {
+  return absl::StrCat(bank, " of rank ", rank, ": need ", need, ", ", free,
+                      " free, ", reclaimable, " reclaimable by eviction, ",
+                      protected_rows, " pinned (", protected_by, "), ",
+                      reserved, " reserved (allocated uncommitted)");
+}
+
+}  // namespace
+
+uint64_t PrefixIndex::PinnedPathBound() const {
+  uint64_t bound = 0;
+  for (uint32_t id : pinned_) bound += uint64_t{N(id).depth} + 1;
+  return bound;
+}
+
+uint64_t PrefixIndex::ProtectedPageRows(uint32_t rank) const {
+  if (pinned_.empty()) return 0;
+  // Pins protect their ancestors only implicitly (an ancestor keeps a child
+  // until the pinned node goes), so walk up; paths share prefixes, and a
+  // node already seen has had its ancestors seen too.
+  absl::flat_hash_set<uint32_t> seen;
+  seen.reserve(pinned_.size() * 4);
+  uint64_t rows = 0;
+  for (uint32_t id : pinned_) {
+    for (uint32_t a = id; a != kNoNode && seen.insert(a).second;
+         a = N(a).parent) {
+      if (PageRow(a, rank) != kNoRow) ++rows;
+    }
+  }
+  return rows;
+}
+
+uint64_t PrefixIndex::PinnedSnapshotRows(uint32_t rank) const {
+  if (!hybrid_) return 0;
+  uint64_t rows = 0;
+  for (uint32_t id : pinned_) {
+    if (SnapshotRow(id, rank) != kNoRow) ++rows;
+  }
+  return rows;
+}
+
+bool PrefixIndex::EvictLeavesFor(uint32_t rank, uint32_t n) {
+  const std::vector<uint32_t>& stack = pages_.free[rank];
+  while (stack.size() < n && !leaf_lru_.empty()) {
+    EvictLeaf(leaf_lru_.begin()->second);
+  }
+  return stack.size() >= n;
+}
+
+bool PrefixIndex::EvictSnapshotsFor(uint32_t rank, uint32_t n) {
+  const std::vector<uint32_t>& stack = snapshots_.free[rank];
+  // Only snapshots holding a row of `rank` help; the others are skipped.
+  if (stack.size() < n && max_replay_tokens_ > 0) {
+    size_t scanned = 0;
+    auto it = snapshot_lru_.begin();
+    while (stack.size() < n && it != snapshot_lru_.end() &&
+           scanned < kRedundancyScan) {
+      const auto key = *it;
+      ++scanned;
+      if (SnapshotRow(key.second, rank) == kNoRow) {
+        ++it;
+        continue;
+      }
+      if (SnapshotRedundant(key.second)) {
+        EvictSnapshot(key.second);
+        it = snapshot_lru_.upper_bound(key);
+      } else {
+        ++it;
+      }
+    }
+  }
+  auto it = snapshot_lru_.begin();
+  while (stack.size() < n && it != snapshot_lru_.end()) {
+    const auto key = *it;
+    if (SnapshotRow(key.second, rank) == kNoRow) {
+      ++it;
+      continue;
+    }
+    if (max_replay_tokens_ > 0 && !SnapshotRedundant(key.second)) {
+      ++spacing_violations_;
+    }
+    EvictSnapshot(key.second);
+    it = snapshot_lru_.upper_bound(key);
+  }
+  return stack.size() >= n;
+}
+
+absl::StatusOr<PrefixIndex::AllocatedRows> PrefixIndex::AllocateRows(
+    uint32_t rank, uint32_t pages, uint32_t snapshots) {
+  if (absl::Status s = ValidateRank(rank); !s.ok()) return s;
+  if (pages > pages_.rows_per_rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pages: ", pages, " page rows exceed the bank's ",
+                     pages_.rows_per_rank, " rows per rank"));
+  }
+  if (snapshots > 0 && !hybrid_) {
+    return absl::FailedPreconditionError(
+        "snapshot rows: the namespace is not hybrid (snapshot_rows is 0)");
+  }
+  if (snapshots > snapshots_.rows_per_rank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("snapshots: ", snapshots, " snapshot rows exceed the ",
+                     "bank's ", snapshots_.rows_per_rank, " rows per rank"));
+  }
+
+  // Decide, changing nothing. The banks are independent: leaf eviction
+  // frees only snapshot rows that snapshot eviction could free too.
+  std::string refused;
+  const uint64_t free_pages = pages_.free[rank].size();
+  if (free_pages < pages) {
+    const uint64_t need = pages - free_pages;
+    const uint64_t committed = pages_.committed[rank];
+    // Cheap first: pins protect at most sum(depth + 1) nodes.
+    const uint64_t bound = std::min(PinnedPathBound(), committed);
+    if (committed - bound < need) {
+      const uint64_t held = ProtectedPageRows(rank);
+      if (committed - held < need) {
+        refused = Shortfall(
+            "page rows", rank, pages, free_pages, committed - held, held,
+            "held by pinned nodes and their ancestors", pages_.allocated[rank]);
+      }
+    }
+  }
+  const uint64_t free_snapshots =
+      hybrid_ ? snapshots_.free[rank].size() : uint64_t{0};
+  if (free_snapshots < snapshots) {
+    const uint64_t committed = snapshots_.committed[rank];
+    const uint64_t held = PinnedSnapshotRows(rank);
+    if (free_snapshots + (committed - held) < snapshots) {
+      absl::StrAppend(&refused, refused.empty() ? "" : "; ",
+                      Shortfall("snapshot rows", rank, snapshots,
+                                free_snapshots, committed - held, held,
+                                "on pinned nodes", snapshots_.allocated[rank]));
+    }
+  }
+  if (!refused.empty()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(refused, "; nothing was evicted"));
+  }
+
+  // Feasible: evict as far as needed. Leaves first: they free snapshot rows
+  // too, which may spare snapshot evictions.
+  if (!EvictLeavesFor(rank, pages) ||
+      (snapshots > 0 && !EvictSnapshotsFor(rank, snapshots))) {
+    // The counts above are exact (or conservative) over what these loops
+    // can evict; reaching here is a bug.
+    return absl::InternalError(absl::StrCat(
+        "rank ", rank, ": eviction freed fewer rows than computed (",
+        pages_.free[rank].size(), " of ", pages, " page rows, ",
+        hybrid_ ? snapshots_.free[rank].size() : 0, " of ", snapshots,
+        " snapshot rows)"));
+  }
+  AllocatedRows out;
+  out.page_rows = TakeRows(pages_, rank, pages);
+  if (snapshots > 0) out.snapshot_rows = TakeRows(snapshots_, rank, snapshots);
+  return out;
+}
+
+absl::StatusOr<std::vector<uint32_t>> PrefixIndex::AllocatePageRows(
+    uint32_t rank, uint32_t n) {
+  auto rows = AllocateRows(rank, n, 0);
+  if (!rows.ok()) return rows.status();
+  return std::move(rows->page_rows);
+}
+
+absl::StatusOr<std::vector<uint32_t>> PrefixIndex::AllocateSnapshotRows(
+    uint32_t rank, uint32_t n) {
+  if (!hybrid_) {
+    return absl::FailedPreconditionError(
+        "snapshot rows: the namespace is not hybrid (snapshot_rows is 0)");
+  }
+  auto rows = AllocateRows(rank, 0, n);
+  if (!rows.ok()) return rows.status();
+  return std::move(rows->snapshot_rows);
+}
+
+}  // namespace kvtier::daemon

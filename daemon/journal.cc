@@ -20,19 +20,30 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "daemon/journal_replay.h"
 #include "daemon/namespace_layout.h"
 
 namespace kvtier::daemon {
 namespace {
 
+using journal_internal::Cursor;
+using journal_internal::NextRecord;
+using journal_internal::NextStatus;
+using journal_internal::ReadCount;
+using journal_internal::ReservationTracker;
+using journal_internal::RowOwners;
+
 // The file's first 8 bytes.
 constexpr char kMagic[8] = {'K', 'V', 'T', 'J', 'R', 'N', 'L', '1'};
-constexpr size_t kFrameBytes = 8;  // u32 length, u32 CRC.
-// Larger records are corrupt: a commit of kMaxReservePages 32-byte hashes
-// with rows is about 36 MiB.
-constexpr uint32_t kMaxRecordBytes = 256u << 20;
 // Nodes per checkpoint record.
 constexpr uint32_t kNodesPerRecord = 16384;
+// Rows (of each bank) per checkpoint reservation record.
+constexpr size_t kRowsPerReserveRecord = 1 << 20;
+// Header limits.
+constexpr uint32_t kMaxLayoutBytes = 1 << 20;
+constexpr uint32_t kMaxSegments = 4096;
+constexpr uint32_t kMaxBankName = 64;
+constexpr uint32_t kMaxSegmentPath = 4096;
 // Write the checkpoint in pieces of about this size.
 constexpr size_t kWriteChunk = 4u << 20;
 
@@ -97,60 +108,15 @@ void Frame(std::string* out, uint8_t type, absl::string_view payload) {
   out->append(payload.data(), payload.size());
 }
 
-// Bounds-checked reads from one record's payload. Any read past the end
-// marks the cursor failed and yields zeros.
-class Cursor {
- public:
-  Cursor(const uint8_t* p, size_t n) : p_(p), n_(n) {}
-  bool ok() const { return ok_; }
-  bool done() const { return n_ == 0; }
-  size_t left() const { return n_; }
-  uint8_t U8() {
-    uint8_t v = 0;
-    Read(&v, 1);
-    return v;
-  }
-  uint32_t U32() {
-    uint32_t v = 0;
-    Read(&v, 4);
-    return v;
-  }
-  uint64_t U64() {
-    uint64_t v = 0;
-    Read(&v, 8);
-    return v;
-  }
-  std::string String(size_t max_bytes) {
-    const uint32_t n = U32();
-    if (n > max_bytes || n > n_) {
-      ok_ = false;
-      return "";
-    }
-    std::string s(reinterpret_cast<const char*>(p_), n);
-    p_ += n;
-    n_ -= n;
-    return s;
-  }
-  HashKey Hash(uint32_t hash_bytes) {
-    HashKey k;
-    Read(k.bytes.data(), hash_bytes);
-    return k;
-  }
-
- private:
-  void Read(void* dst, size_t n) {
-    if (!ok_ || n > n_) {
-      ok_ = false;
-      return;
-    }
-    std::memcpy(dst, p_, n);
-    p_ += n;
-    n_ -= n;
-  }
-  const uint8_t* p_;
-  size_t n_;
-  bool ok_ = true;
-};
+void EncodeReserve(std::string* out, uint32_t rank,
+                   absl::Span<const uint32_t> page_rows,
+                   absl::Span<const uint32_t> snapshot_rows) {
+  PutU32(out, rank);
+  PutU32(out, static_cast<uint32_t>(page_rows.size()));
+  for (uint32_t row : page_rows) PutU32(out, row);
+  PutU32(out, static_cast<uint32_t>(snapshot_rows.size()));
+  for (uint32_t row : snapshot_rows) PutU32(out, row);
+}
 
 std::string EncodeHeader(const JournalHeader& h) {
   std::string out;
@@ -171,10 +137,31 @@ std::string EncodeHeader(const JournalHeader& h) {
   return out;
 }
 
+// Reads a string of at most `max` bytes (u32 length, bytes) named `field`.
+absl::Status ReadString(Cursor& c, uint32_t max, absl::string_view field,
+                        std::string* out) {
+  const uint32_t n = c.U32();
+  if (!c.ok()) return absl::DataLossError(absl::StrCat(field, ": truncated"));
+  if (n > max || n > c.left()) {
+    return absl::DataLossError(
+        absl::StrCat(field, ": length ", n, " is over the limit of ", max,
+                     " or the record's ", c.left(), " bytes left"));
+  }
+  *out = std::string(c.Bytes(n));
+  return absl::OkStatus();
+}
+
 absl::Status DecodeHeader(Cursor& c, JournalHeader* h) {
-  h->name = c.String(kMaxNamespaceName);
-  const std::string layout = c.String(1 << 20);
-  if (!c.ok()) return absl::DataLossError("header: truncated name or layout");
+  std::string layout;
+  if (absl::Status s =
+          ReadString(c, kMaxNamespaceName, "header.name", &h->name);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = ReadString(c, kMaxLayoutBytes, "header.layout", &layout);
+      !s.ok()) {
+    return s;
+  }
   if (absl::Status s = ValidateNamespaceName(h->name, "header.name"); !s.ok()) {
     return absl::DataLossError(s.message());
   }
@@ -189,31 +176,47 @@ absl::Status DecodeHeader(Cursor& c, JournalHeader* h) {
   h->page_rows = c.U64();
   h->snapshot_rows = c.U64();
   h->max_replay_tokens = c.U32();
-  const uint32_t segments = c.U32();
-  if (!c.ok() || segments > 4096) {
-    return absl::DataLossError("header: truncated sizes or segment count");
+  if (!c.ok()) return absl::DataLossError("header: truncated bank sizes");
+  // A segment takes at least its two lengths, rank and time stamp.
+  uint32_t segments = 0;
+  if (absl::Status s = ReadCount(c, 20, "header.segments", &segments);
+      !s.ok()) {
+    return s;
   }
+  if (segments > kMaxSegments) {
+    return absl::DataLossError(absl::StrCat(
+        "header.segments: ", segments, " is over the limit of ", kMaxSegments));
+  }
+  h->segments.reserve(segments);
   for (uint32_t i = 0; i < segments; ++i) {
+    const std::string field = absl::StrCat("header.segments[", i, "]");
     JournalSegment s;
-    s.bank = c.String(64);
-    s.rank = c.U32();
-    s.path = c.String(4096);
-    s.created_unix_ns = c.U64();
-    if (!c.ok()) {
-      return absl::DataLossError(
-          absl::StrCat("header.segments[", i, "]: truncated"));
+    if (absl::Status e = ReadString(c, kMaxBankName, field + ".bank", &s.bank);
+        !e.ok()) {
+      return e;
     }
+    s.rank = c.U32();
+    if (absl::Status e =
+            ReadString(c, kMaxSegmentPath, field + ".path", &s.path);
+        !e.ok()) {
+      return e;
+    }
+    s.created_unix_ns = c.U64();
+    if (!c.ok()) return absl::DataLossError(absl::StrCat(field, ": truncated"));
     h->segments.push_back(std::move(s));
   }
-  if (h->page_rows == 0 || h->page_rows >= kNoRow ||
-      h->snapshot_rows >= kNoRow) {
-    return absl::DataLossError(absl::StrCat("header: bank rows ", h->page_rows,
-                                            " / ", h->snapshot_rows,
-                                            " out of range"));
+  if (h->page_rows == 0 || h->page_rows >= kNoRow) {
+    return absl::DataLossError(absl::StrCat("header.page_rows: ", h->page_rows,
+                                            " out of range 1..", kNoRow - 1));
+  }
+  if (h->snapshot_rows >= kNoRow) {
+    return absl::DataLossError(
+        absl::StrCat("header.snapshot_rows: ", h->snapshot_rows,
+                     " out of range 0..", kNoRow - 1));
   }
   if ((h->snapshot_rows > 0) != (h->layout.snapshot_row_bytes() > 0)) {
     return absl::DataLossError(
-        "header: snapshot_rows disagrees with layout.snapshot_row_bytes");
+        "header.snapshot_rows: disagrees with layout.snapshot_row_bytes");
   }
   return absl::OkStatus();
 }
@@ -271,22 +274,29 @@ struct KeyEq {
 // they make sense and never leave a row held twice.
 class ReplayModel {
  public:
-  ReplayModel(const JournalHeader& h, uint32_t hash_bytes, uint32_t ranks)
+  ReplayModel(const JournalHeader& h, uint32_t hash_bytes, uint32_t ranks,
+              uint64_t file_bytes)
       : hash_bytes_(hash_bytes),
         ranks_(ranks),
         hybrid_(h.snapshot_rows > 0),
         page_rows_(h.page_rows),
         snapshot_rows_(h.snapshot_rows),
         by_key_(0, KeyHash{hash_bytes}, KeyEq{}),
-        page_owner_(ranks * h.page_rows, kNoNode),
-        snapshot_owner_(ranks * h.snapshot_rows, kNoNode) {}
+        page_owner_(ranks, h.page_rows, file_bytes),
+        snapshot_owner_(ranks, h.snapshot_rows, file_bytes),
+        reserved_(ranks) {}
 
   // Each Apply validates the whole payload before changing anything and
   // returns DATA_LOSS for a malformed one.
   absl::Status Apply(uint8_t type, Cursor& c) {
     ++seq_;
+    // A checkpoint's records come first: nodes, then reservations in rank
+    // order. An appended reservation may look the same (taking it for a
+    // checkpoint's only makes the outstanding rows more conservative).
+    if (type != kNodes && type != kReserve) in_checkpoint_ = false;
     switch (type) {
       case kNodes:
+        if (checkpoint_rank_ >= 0) in_checkpoint_ = false;
         return ApplyNodes(c);
       case kReserve:
         return ApplyReserve(c);
@@ -309,6 +319,8 @@ class ReplayModel {
 
   void Export(JournalContents* out) const {
     out->inconsistent = inconsistent_;
+    reserved_.Export(&out->outstanding_page_rows,
+                     &out->outstanding_snapshot_rows);
     std::vector<uint32_t> order;
     std::vector<uint32_t> position(nodes_.size(), kNoNode);
     for (uint32_t id = 0; id < nodes_.size(); ++id) {
@@ -356,11 +368,11 @@ class ReplayModel {
   bool SnapshotRowOk(uint32_t row) const {
     return hybrid_ && row < snapshot_rows_;
   }
-  uint32_t& PageOwner(uint32_t rank, uint32_t row) {
-    return page_owner_[uint64_t{rank} * page_rows_ + row];
+  uint32_t PageOwner(uint32_t rank, uint32_t row) const {
+    return page_owner_.Get(rank, row);
   }
-  uint32_t& SnapshotOwner(uint32_t rank, uint32_t row) {
-    return snapshot_owner_[uint64_t{rank} * snapshot_rows_ + row];
+  uint32_t SnapshotOwner(uint32_t rank, uint32_t row) const {
+    return snapshot_owner_.Get(rank, row);
   }
   uint32_t& PageRow(uint32_t id, uint32_t rank) {
     return page_row_[uint64_t{id} * ranks_ + rank];
@@ -410,7 +422,7 @@ class ReplayModel {
   void RemoveSnapshot(uint32_t id) {
     for (uint32_t r = 0; r < ranks_; ++r) {
       uint32_t& row = SnapshotRow(id, r);
-      if (row != kNoRow) SnapshotOwner(r, row) = kNoNode;
+      if (row != kNoRow) snapshot_owner_.Set(r, row, kNoNode);
       row = kNoRow;
     }
   }
@@ -422,7 +434,7 @@ class ReplayModel {
   // reach any more.
   void ClearPageRow(uint32_t id, uint32_t rank) {
     uint32_t& row = PageRow(id, rank);
-    if (row != kNoRow) PageOwner(rank, row) = kNoNode;
+    if (row != kNoRow) page_owner_.Set(rank, row, kNoNode);
     row = kNoRow;
     ClearSnapshotRow(id, rank);
     for (uint32_t r = 0; r < ranks_; ++r) {
@@ -433,7 +445,7 @@ class ReplayModel {
 
   void ClearSnapshotRow(uint32_t id, uint32_t rank) {
     uint32_t& row = SnapshotRow(id, rank);
-    if (row != kNoRow) SnapshotOwner(rank, row) = kNoNode;
+    if (row != kNoRow) snapshot_owner_.Set(rank, row, kNoNode);
     row = kNoRow;
   }
 
@@ -462,7 +474,7 @@ class ReplayModel {
       RemoveSnapshot(id);
       for (uint32_t r = 0; r < ranks_; ++r) {
         uint32_t& row = PageRow(id, r);
-        if (row != kNoRow) PageOwner(r, row) = kNoNode;
+        if (row != kNoRow) page_owner_.Set(r, row, kNoNode);
         row = kNoRow;
       }
       by_key_.erase(n.key);
@@ -478,9 +490,17 @@ class ReplayModel {
       HashKey key;
       uint64_t tick;
     };
-    const uint32_t count = c.U32();
-    if (!c.ok() || count > kNodesPerRecord) {
-      return absl::DataLossError("nodes: bad count");
+    // A node: parent, hash, tick, every rank's page (and snapshot) row.
+    const size_t node_bytes =
+        4 + hash_bytes_ + 8 + size_t{4} * ranks_ * (hybrid_ ? 2 : 1);
+    uint32_t count = 0;
+    if (absl::Status s = ReadCount(c, node_bytes, "nodes.count", &count);
+        !s.ok()) {
+      return s;
+    }
+    if (count > kNodesPerRecord) {
+      return absl::DataLossError(absl::StrCat(
+          "nodes.count: ", count, " is over the limit of ", kNodesPerRecord));
     }
     std::vector<Entry> entries(count);
     std::vector<uint32_t> pages(uint64_t{count} * ranks_);
@@ -526,16 +546,20 @@ class ReplayModel {
       seq_ = std::max(seq_, e.tick + 1);
       const uint32_t id = NewNode(e.key, parent);
       nodes_[id].seq = e.tick;
+      // A row held twice, or by an outstanding reservation (which no
+      // checkpoint writes), goes to no node.
       for (uint32_t r = 0; r < ranks_; ++r) {
         const uint32_t row = pages[uint64_t{i} * ranks_ + r];
-        if (row != kNoRow && PageOwner(r, row) == kNoNode) {
-          PageOwner(r, row) = id;
+        if (row != kNoRow && PageOwner(r, row) == kNoNode &&
+            !reserved_.HoldsPage(r, row)) {
+          page_owner_.Set(r, row, id);
           PageRow(id, r) = row;
         }
         const uint32_t snap =
             hybrid_ ? snaps[uint64_t{i} * ranks_ + r] : kNoRow;
-        if (snap != kNoRow && SnapshotOwner(r, snap) == kNoNode) {
-          SnapshotOwner(r, snap) = id;
+        if (snap != kNoRow && SnapshotOwner(r, snap) == kNoNode &&
+            !reserved_.HoldsSnapshot(r, snap)) {
+          snapshot_owner_.Set(r, snap, id);
           SnapshotRow(id, r) = snap;
         }
       }
@@ -545,16 +569,16 @@ class ReplayModel {
   }
 
   absl::Status ReadRows(Cursor& c, bool snapshot, std::vector<uint32_t>* rows) {
-    const uint32_t n = c.U32();
-    if (!c.ok() || n > c.left() / 4) {
-      return absl::DataLossError("rows: bad count");
-    }
+    const char* field =
+        snapshot ? "reserve.snapshot_rows" : "reserve.page_rows";
+    uint32_t n = 0;
+    if (absl::Status s = ReadCount(c, 4, field, &n); !s.ok()) return s;
     rows->resize(n);
     for (uint32_t i = 0; i < n; ++i) {
       const uint32_t row = c.U32();
       if (snapshot ? !SnapshotRowOk(row) : !PageRowOk(row)) {
-        return absl::DataLossError(absl::StrCat(snapshot ? "snapshot" : "page",
-                                                " row ", row, " out of range"));
+        return absl::DataLossError(
+            absl::StrCat(field, "[", i, "]: row ", row, " out of range"));
       }
       (*rows)[i] = row;
     }
@@ -563,11 +587,23 @@ class ReplayModel {
 
   absl::Status ApplyReserve(Cursor& c) {
     const uint32_t rank = c.U32();
-    if (!c.ok() || rank >= ranks_) return absl::DataLossError("reserve: rank");
+    if (!c.ok() || rank >= ranks_) {
+      return absl::DataLossError(
+          absl::StrCat("reserve.rank: ", rank, " is not below ", ranks_));
+    }
     std::vector<uint32_t> pages, snaps;
     if (absl::Status s = ReadRows(c, false, &pages); !s.ok()) return s;
     if (absl::Status s = ReadRows(c, true, &snaps); !s.ok()) return s;
-    if (!c.ok() || !c.done()) return absl::DataLossError("reserve: truncated");
+    if (!c.ok() || !c.done()) {
+      return absl::DataLossError("reserve: bytes left after the rows");
+    }
+    const bool merged = in_checkpoint_ && int64_t{rank} >= checkpoint_rank_;
+    if (merged) {
+      checkpoint_rank_ = rank;
+    } else {
+      in_checkpoint_ = false;
+    }
+    reserved_.Reserve(rank, pages, snaps, merged);
     // The engine may have written these rows: whatever held them lost them.
     for (uint32_t row : pages) {
       if (const uint32_t owner = PageOwner(rank, row); owner != kNoNode) {
@@ -587,15 +623,19 @@ class ReplayModel {
     const bool has_parent = c.U8() != 0;
     HashKey parent_key;
     if (has_parent) parent_key = c.Hash(hash_bytes_);
-    if (!c.ok() || rank >= ranks_) return absl::DataLossError("commit: rank");
+    if (!c.ok() || rank >= ranks_) {
+      return absl::DataLossError(absl::StrCat(
+          "commit.rank: ", rank, " is not below ", ranks_, " (or truncated)"));
+    }
     struct Entry {
       HashKey key;
       uint32_t row;
     };
     auto read_entries = [&](bool snapshot, std::vector<Entry>* out) {
-      const uint32_t n = c.U32();
-      if (!c.ok() || n > c.left() / (hash_bytes_ + 4)) {
-        return absl::DataLossError("commit: bad count");
+      const char* field = snapshot ? "commit.snapshots" : "commit.pages";
+      uint32_t n = 0;
+      if (absl::Status s = ReadCount(c, hash_bytes_ + 4, field, &n); !s.ok()) {
+        return s;
       }
       out->resize(n);
       for (uint32_t i = 0; i < n; ++i) {
@@ -604,8 +644,7 @@ class ReplayModel {
         if (row != kNoRow &&
             (snapshot ? !SnapshotRowOk(row) : !PageRowOk(row))) {
           return absl::DataLossError(
-              absl::StrCat("commit: ", snapshot ? "snapshot" : "page", " row ",
-                           row, " out of range"));
+              absl::StrCat(field, "[", i, "]: row ", row, " out of range"));
         }
         (*out)[i].row = row;
       }
@@ -614,7 +653,17 @@ class ReplayModel {
     std::vector<Entry> pages, snaps;
     if (absl::Status s = read_entries(false, &pages); !s.ok()) return s;
     if (absl::Status s = read_entries(true, &snaps); !s.ok()) return s;
-    if (!c.ok() || !c.done()) return absl::DataLossError("commit: truncated");
+    if (!c.ok() || !c.done()) {
+      return absl::DataLossError("commit: bytes left after the snapshots");
+    }
+    {
+      std::vector<uint32_t> page_rows, snapshot_rows;
+      page_rows.reserve(pages.size());
+      snapshot_rows.reserve(snaps.size());
+      for (const Entry& e : pages) page_rows.push_back(e.row);
+      for (const Entry& e : snaps) snapshot_rows.push_back(e.row);
+      reserved_.Commit(rank, page_rows, snapshot_rows);
+    }
 
     // Rows this commit made visible: whatever else the model has there is
     // stale (its eviction was not journaled).
@@ -657,9 +706,9 @@ class ReplayModel {
       } else {
         if (id == kNoNode) id = NewNode(e.key, prev);
         uint32_t& row = PageRow(id, rank);
-        if (row != kNoRow && row != e.row) PageOwner(rank, row) = kNoNode;
+        if (row != kNoRow && row != e.row) page_owner_.Set(rank, row, kNoNode);
         row = e.row;
-        PageOwner(rank, e.row) = id;
+        page_owner_.Set(rank, e.row, id);
       }
       nodes_[id].seq = seq_;
       prev = id;
@@ -669,16 +718,20 @@ class ReplayModel {
       const uint32_t id = Find(e.key);
       if (id == kNoNode || PageRow(id, rank) == kNoRow) continue;
       uint32_t& row = SnapshotRow(id, rank);
-      if (row != kNoRow && row != e.row) SnapshotOwner(rank, row) = kNoNode;
+      if (row != kNoRow && row != e.row) {
+        snapshot_owner_.Set(rank, row, kNoNode);
+      }
       row = e.row;
-      SnapshotOwner(rank, e.row) = id;
+      snapshot_owner_.Set(rank, e.row, id);
     }
     return absl::OkStatus();
   }
 
   absl::Status ApplyDrop(Cursor& c) {
     const HashKey key = c.Hash(hash_bytes_);
-    if (!c.ok() || !c.done()) return absl::DataLossError("drop: truncated");
+    if (!c.ok() || !c.done()) {
+      return absl::DataLossError("drop: not exactly one hash");
+    }
     if (const uint32_t id = Find(key); id != kNoNode) RemoveSubtree(id);
     return absl::OkStatus();
   }
@@ -694,9 +747,13 @@ class ReplayModel {
   std::vector<uint32_t> snapshot_row_;  // Same.
   std::vector<uint32_t> free_ids_;
   absl::flat_hash_map<HashKey, uint32_t, KeyHash, KeyEq> by_key_;
-  std::vector<uint32_t> page_owner_;      // [rank * page_rows + row]
-  std::vector<uint32_t> snapshot_owner_;  // [rank * snapshot_rows + row]
+  RowOwners page_owner_;
+  RowOwners snapshot_owner_;
+  ReservationTracker reserved_;
   std::vector<uint32_t> checkpoint_ids_;  // Checkpoint ordinal -> id.
+  // Still within what a checkpoint writes, and its last reservation's rank.
+  bool in_checkpoint_ = true;
+  int64_t checkpoint_rank_ = -1;
   uint64_t seq_ = 0;
   uint64_t inconsistent_ = 0;
 };
@@ -838,6 +895,26 @@ absl::Status NamespaceJournal::Checkpoint(const PrefixIndex& index) {
     flush(false);
   });
   flush(true);
+  // Then the reservations outstanding now: one record per rank (more when
+  // very large), after the nodes.
+  for (uint32_t r = 0; r < ranks_; ++r) {
+    const std::vector<uint32_t> pages = index.AllocatedPageRows(r);
+    const std::vector<uint32_t> snaps =
+        hybrid_ ? index.AllocatedSnapshotRows(r) : std::vector<uint32_t>();
+    for (size_t i = 0; i < std::max(pages.size(), snaps.size());
+         i += kRowsPerReserveRecord) {
+      auto chunk = [&](const std::vector<uint32_t>& rows) {
+        const size_t from = std::min(i, rows.size());
+        return absl::MakeConstSpan(rows).subspan(
+            from, std::min(kRowsPerReserveRecord, rows.size() - from));
+      };
+      std::string payload;
+      EncodeReserve(&payload, r, chunk(pages), chunk(snaps));
+      Frame(&out, kReserve, payload);
+      flush(false);
+    }
+  }
+  flush(true);
   if (write_failed) return Errno("cannot write", tmp);
   if (options_.fsync && ::fdatasync(fd) != 0) return Errno("cannot sync", tmp);
   if (::rename(tmp.c_str(), path_.c_str()) != 0) {
@@ -898,11 +975,7 @@ absl::Status NamespaceJournal::AppendReserve(
     uint32_t rank, absl::Span<const uint32_t> page_rows,
     absl::Span<const uint32_t> snapshot_rows) {
   payload_.clear();
-  PutU32(&payload_, rank);
-  PutU32(&payload_, static_cast<uint32_t>(page_rows.size()));
-  for (uint32_t row : page_rows) PutU32(&payload_, row);
-  PutU32(&payload_, static_cast<uint32_t>(snapshot_rows.size()));
-  for (uint32_t row : snapshot_rows) PutU32(&payload_, row);
+  EncodeReserve(&payload_, rank, page_rows, snapshot_rows);
   return Append(kReserve);
 }
 
@@ -983,39 +1056,12 @@ absl::StatusOr<JournalContents> ReadJournal(const std::string& path) {
   JournalContents out;
   out.file_bytes = size;
   size_t pos = sizeof(kMagic);
-  // Returns the next record's type and payload, or an empty optional with
-  // `why` set when the file ends (why empty) or the record is torn.
-  std::string why;
-  auto next = [&](uint8_t* type, Cursor* payload) -> bool {
-    why.clear();
-    if (pos == size) return false;
-    if (size - pos < kFrameBytes + 1) {
-      why = absl::StrCat("torn record frame at offset ", pos);
-      return false;
-    }
-    uint32_t length, crc;
-    std::memcpy(&length, data + pos, 4);
-    std::memcpy(&crc, data + pos + 4, 4);
-    if (length == 0 || length > kMaxRecordBytes ||
-        length > size - pos - kFrameBytes) {
-      why = absl::StrCat("torn record at offset ", pos, " (length ", length,
-                         ", ", size - pos - kFrameBytes, " bytes left)");
-      return false;
-    }
-    const uint8_t* body = data + pos + kFrameBytes;
-    if (Crc32c(body, length) != crc) {
-      why = absl::StrCat("CRC mismatch in the record at offset ", pos);
-      return false;
-    }
-    *type = body[0];
-    *payload = Cursor(body + 1, length - 1);
-    pos += kFrameBytes + length;
-    return true;
-  };
-
   uint8_t type = 0;
   Cursor payload(nullptr, 0);
-  if (!next(&type, &payload) || type != kHeader) {
+  std::string why;
+  if (NextRecord(data, size, &pos, &type, &payload, &why) !=
+          NextStatus::kRecord ||
+      type != kHeader) {
     return absl::DataLossError(
         absl::StrCat("journal ", path, ": no readable header",
                      why.empty() ? "" : absl::StrCat(" (", why, ")")));
@@ -1028,17 +1074,23 @@ absl::StatusOr<JournalContents> ReadJournal(const std::string& path) {
   out.ranks = StoredRanks(out.header.layout);
   out.records = 1;
   out.valid_bytes = pos;
-  ReplayModel model(out.header, out.hash_bytes, out.ranks);
+  ReplayModel model(out.header, out.hash_bytes, out.ranks, size);
   // Every node came with at least a hash and a row in some record.
   model.Reserve(std::min<uint64_t>(out.ranks * out.header.page_rows,
                                    size / (out.hash_bytes + 4)));
   for (;;) {
     const size_t at = pos;
-    if (!next(&type, &payload)) {
+    const NextStatus next = NextRecord(data, size, &pos, &type, &payload, &why);
+    if (next == NextStatus::kEnd) break;
+    if (next != NextStatus::kRecord) {
+      out.corrupt = next == NextStatus::kCorrupt;
       out.stopped = why;
       break;
     }
+    // A record whose CRC matches was written whole: a bad field in it is
+    // corruption wherever it is (no crash writes one).
     if (absl::Status s = model.Apply(type, payload); !s.ok()) {
+      out.corrupt = true;
       out.stopped =
           absl::StrCat("corrupt record at offset ", at, ": ", s.message());
       break;

@@ -31,10 +31,37 @@
 // rows were never visible. A commit record carries its outcome, so a hash
 // committed again after an unjournaled eviction lands on its new rows.
 //
-// A torn or corrupt record (short, bad CRC, bad field) ends the replay: what
-// precedes it is a consistent state. Recovery then writes a fresh checkpoint
-// (temporary file, rename), which is also how the journal is compacted when
-// it grows past a multiple of the live state.
+// A checkpoint is the header, the nodes, then one reservation record per
+// stored rank holding the rows allocated and not yet committed (skipped when
+// none; split in several records of that rank when very large), so that the
+// reservations outstanding at a compaction stay known (see
+// JournalContents::outstanding_page_rows). Replaying those records on rows
+// that no node holds changes no node, so readers that predate them replay a
+// checkpoint as before. Recovery writes a fresh checkpoint (temporary file,
+// rename), which is also how the journal is compacted when it grows past a
+// multiple of the live state.
+//
+// How a replay ends, when not at the end of the file:
+//  - A torn tail, what a write(2) cut by a crash leaves: the last record is
+//    incomplete (its frame or its length runs past the end of the file), or
+//    its CRC does not match and it ends exactly at the end of the file (or
+//    only zero bytes follow it), or every byte from its start to the end is
+//    zero (a tail the file system extended but never wrote). What precedes
+//    it is a consistent state: it is replayed, and JournalContents::stopped
+//    says where it ended. (A length field corrupted so that it runs past the
+//    end reads as a torn tail too: framing cannot tell them apart.)
+//  - Corruption: a record whose CRC does not match (or whose length is 0 or
+//    over the limit) followed by more, non-zero bytes of the file, or a
+//    record whose CRC matches but whose fields are bad (a count that cannot
+//    fit in its payload, a row out of range, an unknown type), wherever it
+//    is, the last record included: no crash writes either.
+//    JournalContents::corrupt is set and the records before it are still
+//    returned, but a corrupt journal cannot be vouched for: a record lost in
+//    the middle may have handed out rows that replay would serve, so the
+//    namespace must not be served from it (TierCore::Recover does not).
+// A header (first record) that cannot be read, torn or corrupt, is an error
+// (DATA_LOSS naming the field). No count read from the file sizes an
+// allocation before it is checked against the bytes that must hold it.
 //
 // Thread-safety: a NamespaceJournal is not thread-safe; its owner (TierCore's
 // namespace) calls it under the namespace's mutex, which also orders the
@@ -102,10 +129,11 @@ absl::StatusOr<std::vector<std::string>> ListJournals(
 
 class NamespaceJournal {
  public:
-  // Writes a journal holding `header` and a checkpoint of `index` under a
-  // temporary name and renames it to `path`, replacing any journal there,
-  // then keeps it open for appending. INTERNAL (naming the path and errno)
-  // when the file cannot be written; the old journal, if any, is then intact.
+  // Writes a journal holding `header` and a checkpoint of `index` (its nodes
+  // and its outstanding reservations) under a temporary name and renames it to
+  // `path`, replacing any journal there, then keeps it open for appending.
+  // INTERNAL (naming the path and errno) when the file cannot be written; the
+  // old journal, if any, is then intact.
   static absl::StatusOr<std::unique_ptr<NamespaceJournal>> Create(
       const std::string& path, const JournalHeader& header,
       const PrefixIndex& index, const JournalOptions& options);
@@ -133,7 +161,9 @@ class NamespaceJournal {
   // Records that the subtree under `hash` was dropped.
   absl::Status AppendDrop(const HashKey& hash);
 
-  // Rewrites the journal as the header and a checkpoint of `index` (atomic
+  // Rewrites the journal as the header and a checkpoint of `index`: its
+  // nodes, then per stored rank its allocated-uncommitted rows
+  // (AllocatedPageRows / AllocatedSnapshotRows) as reservation records (atomic
   // rename; on failure the current file stays and the error is returned).
   // Clears broken().
   absl::Status Checkpoint(const PrefixIndex& index);
@@ -190,11 +220,29 @@ struct JournalContents {
   std::vector<uint32_t> snapshot_rows;
   std::vector<uint64_t> seq;
 
+  // Per stored rank (`ranks` entries each; snapshot ones empty unless
+  // hybrid), sorted ascending, unique: the rows reservation records handed
+  // out that no commit record has consumed since (a commit consumes the
+  // rows it made visible and, as far as the records tell, the rest of its
+  // reservation: its deduplicated and unplaced rows). These are the rows an
+  // engine may still have been writing when the daemon stopped: recovery
+  // fences them. A row reserved again after an (unjournaled) abort simply
+  // stays outstanding, and so do rows of a reservation the records cannot
+  // match to its commit; a checkpoint (Checkpoint, Create) keeps only the
+  // rows its index still has allocated-uncommitted. No node holds one.
+  std::vector<std::vector<uint32_t>> outstanding_page_rows;
+  std::vector<std::vector<uint32_t>> outstanding_snapshot_rows;
+
   uint64_t records = 0;      // Records replayed (header included).
   uint64_t valid_bytes = 0;  // File bytes up to the end of the last one.
   uint64_t file_bytes = 0;
-  // Set when the replay stopped before the end of the file: why, and where.
+  // Set when the replay stopped before the end of the file, at a torn tail
+  // or at a corrupt record: which, why, and at which byte offset.
   std::string stopped;
+  // The replay stopped at a corrupt record, not a torn tail (see the top of
+  // this file): `stopped` says where. The nodes are what the records before
+  // it say, but the journal cannot be vouched for: do not serve from it.
+  bool corrupt = false;
   // Commit records that disagreed with the replayed state (a parent or a
   // deduplicated page missing) and were applied only up to that point. A
   // journal the daemon wrote has none.
@@ -203,8 +251,11 @@ struct JournalContents {
 
 // Reads and replays the journal at `path`. NOT_FOUND when absent; DATA_LOSS
 // when even the header cannot be read (no magic, torn or corrupt first
-// record, invalid layout). A torn or corrupt later record ends the replay
-// with what precedes it and is described in `stopped`.
+// record, a field out of range or a count that cannot fit in the record,
+// invalid layout), naming the field. A torn tail ends the replay with what
+// precedes it, described in `stopped`; a corrupt record also sets `corrupt`.
+// Memory stays within a small multiple of the file's size, whatever the
+// header claims.
 absl::StatusOr<JournalContents> ReadJournal(const std::string& path);
 
 // Fills `index` (empty, created with the header's shape) with the replayed

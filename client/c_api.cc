@@ -102,8 +102,21 @@ const char* kvt_version(void) { return KVTIER_VERSION; }
 
 kvt_status kvt_connect(const char* socket, const char* client_name,
                        uint32_t timeout_ms, kvt_client** out) {
+  return kvt_connect_instance(socket, client_name, timeout_ms, nullptr, 0, out);
+}
+
+kvt_status kvt_connect_instance(const char* socket, const char* client_name,
+                                uint32_t timeout_ms, const uint8_t* instance_id,
+                                size_t instance_len, kvt_client** out) {
   KVT_REQUIRE(out != nullptr, "out: NULL");
+  KVT_REQUIRE(
+      instance_len == 0 || (instance_id != nullptr && instance_len == 16),
+      "instance_id: must be 16 bytes (or instance_len 0)");
   kvtier::ConnectOptions o;
+  if (instance_len > 0) {
+    o.instance_id.assign(reinterpret_cast<const char*>(instance_id),
+                         instance_len);
+  }
   if (socket != nullptr) o.socket = socket;
   if (client_name != nullptr) o.client_name = client_name;
   o.timeout = absl::Milliseconds(timeout_ms == 0 ? 5000 : timeout_ms);
@@ -368,6 +381,14 @@ kvt_status kvt_abort(kvt_reservation* r) {
   absl::Status s = r->reservation.Abort();
   delete r;
   return Set(s);
+}
+
+kvt_status kvt_abort_after(kvt_reservation* r, void* stream) {
+  KVT_REQUIRE(r != nullptr, "reservation: NULL");
+  if (stream == nullptr) return kvt_abort(r);
+  r->reservation.AbortAfter(stream);
+  delete r;
+  return Set(absl::OkStatus());
 }
 
 kvt_status kvt_transfer_create(const kvt_namespace* ns, int32_t backend,

@@ -18,17 +18,20 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "client/cuda_host.h"
+#include "client/fence_tracker.h"
 #include "client/transfer_engine.h"
 #include "common/default_socket.h"
 #include "common/fast_lookup.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
+#include "kvtier/reference_stream.h"
 #include "kvtier/v1/tier.grpc.pb.h"
 #include "shm/segment.h"
 
@@ -144,6 +147,7 @@ struct Connection {
   std::string socket;
   absl::Duration timeout;
   std::string client_name;
+  std::string instance_id;  // 16 bytes (fence protocol).
   bool fast_lookup = true;
   bool reconnect = true;
   std::shared_ptr<grpc::Channel> channel;
@@ -155,10 +159,14 @@ struct Connection {
   std::atomic<bool> alive{false};
   std::thread session_thread;
   std::unique_ptr<Worker> worker = std::make_unique<Worker>();
+  // What this process holds, to report after a reconnection.
+  FenceTracker tracker;
   absl::Mutex mu;
   bool stopping ABSL_GUARDED_BY(mu) = false;
-  // The open (or opening) session's context, for ~Connection to cancel.
+  // The open (or opening) session's context, for ~Connection to cancel, and
+  // its stream, for the Goodbye.
   grpc::ClientContext* session_context ABSL_GUARDED_BY(mu) = nullptr;
+  Stream* session_stream ABSL_GUARDED_BY(mu) = nullptr;
   // The namespaces to re-attach after a reconnection.
   std::vector<std::weak_ptr<NamespaceState>> namespaces ABSL_GUARDED_BY(mu);
   // The fast lookup path; -1 when not offered or broken. One request at a
@@ -270,12 +278,44 @@ struct Connection {
   // Re-attaches every live namespace to session `session_id` and marks it
   // valid for `next_epoch`; a namespace that fails stays stale.
   void ReattachAll(uint64_t session_id, uint64_t next_epoch);
+  // Reports what the tracker holds from sessions before `next_epoch` to the
+  // new session (Fence, report_complete) and keeps the holds it answers.
+  void ReportHeld(uint64_t session_id, uint64_t next_epoch);
+  // Frees a fence hold of the current session (best effort: a hold whose
+  // release is lost is freed by the next report or the process's exit).
+  void ReleaseHold(uint64_t hold) {
+    if (hold == 0 || !alive.load()) return;
+    v1::FenceRequest req;
+    req.set_api_version(1);
+    req.set_session_id(session_id.load());
+    req.add_release(hold);
+    v1::FenceResponse resp;
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    (void)stub->Fence(&ctx, req, &resp);
+  }
 
   ~Connection() {
     worker.reset();  // Runs what is queued first (commits, releases).
     {
       absl::MutexLock lock(&mu);
       stopping = true;
+      // A clean close: with nothing held, the daemon may hand this
+      // session's rows out at once rather than fence them until the
+      // process exits.
+      if (session_stream != nullptr) {
+        v1::SessionRequest bye;
+        bye.set_api_version(1);
+        bye.mutable_goodbye()->set_quiescent(tracker.size() == 0);
+        if (session_stream->Write(bye)) session_stream->WritesDone();
+        mu.AwaitWithTimeout(
+            absl::Condition(
+                +[](Connection* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) {
+                  return c->session_context == nullptr;
+                },
+                this),
+            std::min(timeout, absl::Seconds(2)));
+      }
       if (session_context != nullptr) session_context->TryCancel();
     }
     if (session_thread.joinable()) session_thread.join();
@@ -371,12 +411,15 @@ struct NamespaceState {
     return !s.ok() && (OutageLike(s) || !Current(e)) ? absl::OkStatus() : s;
   }
 
+  // `fenced`: writes may still be queued; the daemon keeps the rows fenced
+  // until this process exits.
   absl::Status AbortReservation(uint64_t reservation_epoch,
-                                uint64_t reservation_id) {
+                                uint64_t reservation_id, bool fenced = false) {
     v1::AbortRequest req;
     uint64_t e = 0;
     if (!Fill(&req, &e) || e != reservation_epoch) return absl::OkStatus();
     req.set_reservation_id(reservation_id);
+    req.set_fenced(fenced);
     v1::AbortResponse resp;
     grpc::ClientContext ctx;
     conn->Deadline(&ctx);
@@ -431,7 +474,54 @@ struct NamespaceState {
   // unless told otherwise), so it is waited for like any other.
   // When the callback cannot be queued behind the stream, runs task(error)
   // instead: the task must then not make rows visible or unpin them.
+  // Releases the pin `lease_id` of session `epoch` if that is the current
+  // session, else the fence hold tracked under `track`, once the lease's
+  // work is done.
+  void LeaseDone(uint64_t epoch, uint64_t lease_id, uint64_t track) {
+    const uint64_t hold = conn->tracker.Remove(track);
+    if (Current(epoch)) {
+      (void)ReleaseLease(epoch, lease_id);
+    } else {
+      conn->ReleaseHold(hold);
+    }
+  }
+  // The same for a reservation whose writes are done: abort, or free its
+  // hold.
+  void ReservationDone(uint64_t epoch, uint64_t id, uint64_t track) {
+    const uint64_t hold = conn->tracker.Remove(track);
+    if (Current(epoch)) {
+      (void)AbortReservation(epoch, id);
+    } else {
+      conn->ReleaseHold(hold);
+    }
+  }
+  // A reservation whose writes may still be queued, given up: the daemon
+  // keeps its rows fenced until this process exits (an earlier session's
+  // hold simply stays).
+  void ReservationAbandoned(uint64_t epoch, uint64_t id, uint64_t track) {
+    (void)conn->tracker.Remove(track);
+    if (Current(epoch)) (void)AbortReservation(epoch, id, /*fenced=*/true);
+  }
+  // Hands a new lease or reservation to the tracker.
+  uint64_t Track(uint64_t epoch, std::vector<uint32_t> page_rows,
+                 std::vector<uint32_t> snapshot_rows, std::string lease_hash) {
+    FenceTracker::Item item;
+    item.epoch = epoch;
+    item.ns_name = name;
+    item.tp_rank = tp_rank;
+    item.page_rows = std::move(page_rows);
+    item.snapshot_rows = std::move(snapshot_rows);
+    item.lease_hash = std::move(lease_hash);
+    return conn->tracker.Add(std::move(item));
+  }
+
   void After(void* stream, std::function<void(absl::Status)> task) {
+    if (ReferenceStream* rs = ReferenceStream::FromHandle(stream)) {
+      rs->Enqueue([c = conn, t = std::move(task)]() mutable {
+        c->worker->Post([t = std::move(t)] { t(absl::OkStatus()); });
+      });
+      return;
+    }
     if (!CudaDevicePresent()) {
       conn->worker->Post([t = std::move(task)] { t(absl::OkStatus()); });
       return;
@@ -556,6 +646,8 @@ absl::StatusOr<Connection::Session> Connection::OpenSession() {
   hello.set_api_version(1);
   hello.mutable_hello()->set_client_name(client_name);
   hello.mutable_hello()->set_pid(static_cast<uint32_t>(getpid()));
+  hello.mutable_hello()->set_instance_id(instance_id);
+  hello.mutable_hello()->set_fence_version(1);
   v1::SessionEvent opened;
   if (!s.stream->Write(hello) || !s.stream->Read(&opened) ||
       !opened.has_opened()) {
@@ -570,6 +662,10 @@ absl::StatusOr<Connection::Session> Connection::OpenSession() {
   }
   s.id = opened.opened().session_id();
   s.fast_lookup_socket = opened.opened().fast_lookup_socket();
+  {
+    absl::MutexLock lock(&mu);
+    session_stream = s.stream.get();
+  }
   return s;
 }
 
@@ -582,6 +678,10 @@ void Connection::KeepSession(Session session) {
     // void from here on.
     alive = false;
     CloseFast();
+    {
+      absl::MutexLock lock(&mu);
+      session_stream = nullptr;
+    }
     (void)session.stream->Finish();
     {
       absl::MutexLock lock(&mu);
@@ -610,11 +710,25 @@ void Connection::KeepSession(Session session) {
       ConnectFast(session.fast_lookup_socket, fast_lookup);
       const uint64_t next = epoch.load() + 1;
       ReattachAll(session.id, next);
+      ReportHeld(session.id, next);
       epoch = next;
       alive = true;
       break;
     }
   }
+}
+
+void Connection::ReportHeld(uint64_t session, uint64_t next_epoch) {
+  v1::FenceRequest req;
+  req.set_api_version(1);
+  req.set_session_id(session);
+  req.set_report_complete(true);
+  const std::vector<uint64_t> tokens = tracker.Report(next_epoch, &req);
+  v1::FenceResponse resp;
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  // A daemon without the fence answers UNIMPLEMENTED: nothing to keep.
+  if (stub->Fence(&ctx, req, &resp).ok()) tracker.SetHolds(tokens, resp);
 }
 
 void Connection::ReattachAll(uint64_t session, uint64_t next_epoch) {
@@ -654,6 +768,7 @@ Lease& Lease::operator=(Lease&& o) noexcept {
     if (lease_id_ != 0) (void)Release();
     ns_ = std::move(o.ns_);
     lease_id_ = std::exchange(o.lease_id_, 0);
+    track_ = std::exchange(o.track_, 0);
     epoch_ = o.epoch_;
     matched_pages_ = o.matched_pages_;
     usable_pages_ = o.usable_pages_;
@@ -673,17 +788,35 @@ Lease::~Lease() {
 absl::Status Lease::Release() {
   if (lease_id_ == 0) return absl::OkStatus();
   const uint64_t id = std::exchange(lease_id_, 0);
+  const uint64_t hold = ns_->conn->tracker.Remove(std::exchange(track_, 0));
+  if (!ns_->Current(epoch_)) {
+    ns_->conn->ReleaseHold(hold);  // An earlier session's fence hold.
+    return absl::OkStatus();
+  }
   return ns_->ReleaseLease(epoch_, id);
+}
+
+void Lease::Track(std::string_view hashes) {
+  if (lease_id_ == 0 || usable_pages_ == 0) return;
+  const size_t hb = ns_->hasher->hash_bytes();
+  std::string last;
+  if (hashes.size() >= usable_pages_ * hb) {
+    last = std::string(hashes.substr((usable_pages_ - 1) * hb, hb));
+  }
+  std::vector<uint32_t> snaps;
+  if (has_snapshot_) snaps.push_back(snapshot_row_);
+  track_ = ns_->Track(epoch_, rows_, std::move(snaps), std::move(last));
 }
 
 void Lease::ReleaseAfter(void* stream) {
   if (lease_id_ == 0) return;
   const uint64_t id = std::exchange(lease_id_, 0);
+  const uint64_t track = std::exchange(track_, 0);
   auto ns = ns_;
-  // If the callback cannot be queued, the pin is kept (the session's end
-  // releases it): unpinning rows a copy may still read would be worse.
-  ns->After(stream, [ns, id, epoch = epoch_](absl::Status queued) {
-    if (queued.ok()) (void)ns->ReleaseLease(epoch, id);
+  // If the callback cannot be queued, the pin is kept (and fenced when the
+  // session ends): unpinning rows a copy may still read would be worse.
+  ns->After(stream, [ns, id, track, epoch = epoch_](absl::Status queued) {
+    if (queued.ok()) ns->LeaseDone(epoch, id, track);
   });
 }
 
@@ -696,6 +829,7 @@ Reservation& Reservation::operator=(Reservation&& o) noexcept {
     if (id_ != 0) (void)Abort();
     ns_ = std::move(o.ns_);
     id_ = std::exchange(o.id_, 0);
+    track_ = std::exchange(o.track_, 0);
     epoch_ = o.epoch_;
     page_rows_ = std::move(o.page_rows_);
     snapshot_rows_ = std::move(o.snapshot_rows_);
@@ -705,7 +839,16 @@ Reservation& Reservation::operator=(Reservation&& o) noexcept {
 }
 
 Reservation::~Reservation() {
-  if (id_ != 0) (void)Abort();
+  if (id_ == 0) return;
+  // Dropped without Commit or Abort: where copies into the rows may still be
+  // queued (a GPU, a ReferenceStream), they stay fenced until the process
+  // exits rather than go to another engine under the copies.
+  if (client::CudaDevicePresent() || ReferenceStream::live_count() > 0) {
+    ns_->ReservationAbandoned(epoch_, std::exchange(id_, 0),
+                              std::exchange(track_, 0));
+    return;
+  }
+  (void)Abort();
 }
 
 absl::StatusOr<CommitResult> Reservation::Commit(
@@ -718,7 +861,10 @@ absl::StatusOr<CommitResult> Reservation::Commit(
   }
   auto result = ns_->CommitReservation(epoch_, id_, parent_hash, hashes,
                                        snapshots, device_snapshots);
-  if (result.ok()) id_ = 0;
+  if (result.ok()) {
+    id_ = 0;
+    (void)ns_->conn->tracker.Remove(std::exchange(track_, 0));
+  }
   return result;
 }
 
@@ -733,17 +879,23 @@ std::future<absl::StatusOr<CommitResult>> Reservation::CommitAfter(
     return future;
   }
   const uint64_t id = std::exchange(id_, 0);
+  const uint64_t track = std::exchange(track_, 0);
   auto ns = ns_;
-  ns->After(stream, [ns, id, epoch = epoch_, promise,
+  ns->After(stream, [ns, id, track, epoch = epoch_, promise,
                      parent = std::move(parent_hash), h = std::move(hashes),
                      s = std::move(snapshots)](absl::Status queued) {
     if (!queued.ok()) {
-      (void)ns->AbortReservation(epoch, id);
+      // The copies may still run: fence the rows rather than free them.
+      ns->ReservationAbandoned(epoch, id, track);
       promise->set_value(queued);
       return;
     }
     auto result = ns->CommitReservation(epoch, id, parent, h, s);
-    if (!result.ok()) (void)ns->AbortReservation(epoch, id);
+    if (result.ok()) {
+      (void)ns->conn->tracker.Remove(track);
+    } else {
+      ns->ReservationDone(epoch, id, track);  // The copies are done.
+    }
     promise->set_value(std::move(result));
   });
   return future;
@@ -756,7 +908,26 @@ uint32_t Reservation::hash_bytes() const {
 absl::Status Reservation::Abort() {
   if (id_ == 0) return absl::OkStatus();
   const uint64_t id = std::exchange(id_, 0);
+  const uint64_t hold = ns_->conn->tracker.Remove(std::exchange(track_, 0));
+  if (!ns_->Current(epoch_)) {
+    ns_->conn->ReleaseHold(hold);  // An earlier session's fence hold.
+    return absl::OkStatus();
+  }
   return ns_->AbortReservation(epoch_, id);
+}
+
+void Reservation::AbortAfter(void* stream) {
+  if (id_ == 0) return;
+  const uint64_t id = std::exchange(id_, 0);
+  const uint64_t track = std::exchange(track_, 0);
+  auto ns = ns_;
+  ns->After(stream, [ns, id, track, epoch = epoch_](absl::Status queued) {
+    if (queued.ok()) {
+      ns->ReservationDone(epoch, id, track);
+    } else {
+      ns->ReservationAbandoned(epoch, id, track);
+    }
+  });
 }
 
 // -------------------------------------------------------------- Namespace --
@@ -826,6 +997,7 @@ absl::StatusOr<Lease> Namespace::LookupWithDevice(std::string_view hashes,
   lease.snapshot_row_ = resp.snapshot_row();
   lease.has_device_snapshot_ = resp.has_device_snapshot();
   lease.device_snapshot_row_ = resp.device_snapshot_row();
+  lease.Track(hashes);
   return lease;
 }
 
@@ -855,6 +1027,7 @@ absl::StatusOr<Lease> Namespace::Lookup(std::string_view hashes, bool pin) {
       lease.usable_pages_ = reply.usable_pages;
       lease.has_snapshot_ = reply.has_snapshot != 0;
       lease.snapshot_row_ = reply.snapshot_row;
+      lease.Track(hashes);
       return lease;
     }
   }
@@ -879,6 +1052,7 @@ absl::StatusOr<Lease> Namespace::Lookup(std::string_view hashes, bool pin) {
   lease.rows_.assign(resp.rows().begin(), resp.rows().end());
   lease.has_snapshot_ = resp.has_snapshot();
   lease.snapshot_row_ = resp.snapshot_row();
+  lease.Track(hashes);
   return lease;
 }
 
@@ -920,6 +1094,7 @@ absl::StatusOr<Reservation> Namespace::Reserve(uint32_t pages,
                           resp.snapshot_rows().end());
   r.device_snapshot_rows_.assign(resp.device_snapshot_rows().begin(),
                                  resp.device_snapshot_rows().end());
+  r.track_ = state_->Track(epoch, r.page_rows_, r.snapshot_rows_, "");
   return r;
 }
 
@@ -1017,6 +1192,19 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   conn->client_name = options.client_name;
+  if (!options.instance_id.empty() && options.instance_id.size() != 16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("instance_id: must be empty or 16 bytes, got ",
+                     options.instance_id.size()));
+  }
+  conn->instance_id = options.instance_id;
+  if (conn->instance_id.empty()) {
+    absl::BitGen gen;
+    conn->instance_id.resize(16);
+    for (char& c : conn->instance_id) {
+      c = static_cast<char>(absl::Uniform<uint8_t>(gen));
+    }
+  }
   conn->fast_lookup = options.fast_lookup;
   conn->reconnect = options.reconnect;
   conn->channel = grpc::CreateCustomChannel(

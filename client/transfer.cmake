@@ -20,7 +20,8 @@ target_link_libraries(kvtier_block_hash
 
 add_library(kvtier_transfer STATIC
   ${_kvtier_client_dir}/transfer_plan.cc
-  ${_kvtier_client_dir}/transfer_engine.cc)
+  ${_kvtier_client_dir}/transfer_engine.cc
+  ${_kvtier_client_dir}/reference_stream.cc)
 kvtier_target_options(kvtier_transfer)
 target_include_directories(kvtier_transfer PUBLIC
   ${_kvtier_client_dir}/include   # kvtier/pool.h
@@ -29,7 +30,8 @@ target_include_directories(kvtier_transfer PUBLIC
 # CUDA runtime.
 target_link_libraries(kvtier_transfer
   PUBLIC kvtier_kernels absl::status absl::statusor absl::span
-  PRIVATE absl::strings absl::str_format absl::synchronization)
+  PRIVATE absl::strings absl::str_format absl::synchronization
+  absl::flat_hash_set Threads::Threads)
 
 kvtier_test(block_hash_test
   SOURCES ${_kvtier_client_dir}/block_hash_test.cc

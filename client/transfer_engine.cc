@@ -33,6 +33,7 @@
 #include "client/transfer_plan.h"
 #include "kernels/page_copy.h"
 #include "kvtier/pool.h"
+#include "kvtier/reference_stream.h"
 
 #if KVTIER_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -490,7 +491,13 @@ absl::Status TransferEngine::CopySnapshot(CopyDirection direction,
 absl::Status TransferEngine::Run(const PageCopyParams& params, void* stream) {
   absl::Status status;
   if (backend_ == Backend::kReference) {
-    status = kernels::RunPageCopyReference(params);
+    if (ReferenceStream* rs = ReferenceStream::FromHandle(stream)) {
+      // Queued like a kernel launch: it runs after what the stream holds.
+      auto queued = std::make_shared<PageCopyParams>(params);
+      rs->Enqueue([queued] { (void)kernels::RunPageCopyReference(*queued); });
+    } else {
+      status = kernels::RunPageCopyReference(params);
+    }
   } else {
 #if KVTIER_HAVE_CUDA
     status = OnDevice(plan_.pool().device, [&] {

@@ -36,6 +36,9 @@
 //   call and restores the caller's current device afterwards.
 // - kReference: the same plan executed with memcpy on the calling thread; the
 //   pool's "device addresses" are ordinary host pointers. CPU tests use it.
+//   With a kvtier::ReferenceStream's handle as the stream
+//   (kvtier/reference_stream.h) the copies are queued on that stream
+//   instead, in order, and can be held there.
 //
 // Errors: every argument is checked before the first launch or copy, so a
 // call that returns INVALID_ARGUMENT or FAILED_PRECONDITION has written

@@ -93,6 +93,14 @@ ABSL_FLAG(bool, journal_fsync, false,
 ABSL_FLAG(uint64_t, journal_compact_bytes, 64ull << 20,
           "Rewrite a namespace's journal as a checkpoint once the records "
           "after its last one exceed this and 4x the checkpoint");
+ABSL_FLAG(uint32_t, unseen_pid_fence_s, 300,
+          "Fence policy for a client whose pid kvtierd cannot see (another "
+          "pid namespace): the rows its sessions held stay fenced this many "
+          "seconds after its last session closed, unless it reports first "
+          "(daemon/fence_registry.h)");
+ABSL_FLAG(uint32_t, fence_sweep_ms, 50,
+          "How often kvtierd checks whether the holders of fenced rows have "
+          "exited (pidfd), freeing their rows");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
 ABSL_FLAG(uint64_t, device_pool_bytes, 0,
           "Bytes of daemon-owned GPU memory per GPU for recurrent-state "
@@ -240,6 +248,8 @@ int Main(int argc, char** argv) {
     options.state_dir.clear();
   }
   options.journal.fsync = absl::GetFlag(FLAGS_journal_fsync);
+  options.fence.unseen_pid_hold =
+      absl::Seconds(absl::GetFlag(FLAGS_unseen_pid_fence_s));
   options.journal.min_compact_bytes =
       absl::GetFlag(FLAGS_journal_compact_bytes);
 
@@ -287,6 +297,8 @@ int Main(int argc, char** argv) {
         report->journal_bytes, options.state_dir, report->journals_torn,
         report->journals_unreadable, absl::FormatDuration(report->elapsed));
   }
+  core.StartFenceSweeper(absl::Milliseconds(
+      std::max<uint32_t>(1, absl::GetFlag(FLAGS_fence_sweep_ms))));
   if (const std::string demo = absl::GetFlag(FLAGS_demo_namespace);
       !demo.empty()) {
     if (absl::Status s = core.CreateNamespace(demo, DemoLayout(), {});

@@ -14,102 +14,10 @@
 
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/tier_namespace.h"
 #include "spdlog/spdlog.h"
 
 namespace kvtier::daemon {
-
-struct TierCore::Namespace {
-  struct Reservation {
-    uint64_t session = 0;
-    uint32_t rank = 0;
-    std::vector<uint32_t> page_rows;
-    std::vector<uint32_t> snapshot_rows;
-    // Slots of device pool `device_pool` (daemon/device_pool.h).
-    uint32_t device_pool = 0;
-    std::vector<uint32_t> device_rows;
-  };
-  struct Lease {
-    uint64_t session = 0;
-    uint32_t node = 0;
-    // A pin in device pool `device_pool`'s tier (0: none).
-    uint32_t device_pool = 0;
-    uint64_t device_lease = 0;
-  };
-
-  // Immutable after construction.
-  uint64_t id = 0;
-  std::string name;
-  v1::Layout layout;  // Normalized.
-  Fingerprint fingerprint{};
-  uint32_t hash_bytes = 32;
-  uint32_t stored_ranks = 1;  // 1 when replicated, else tp_size.
-  uint64_t page_rows = 0;
-  uint64_t snapshot_rows = 0;
-  uint32_t max_replay_tokens = 0;
-  // Bank bytes (all banks and ranks) and the uid charged for them under
-  // --uid_budget_bytes (charged false: nobody).
-  uint64_t bank_bytes = 0;
-  bool charged = false;
-  uid_t creator_uid = static_cast<uid_t>(-1);
-  // Per stored rank: one segment per page bank (layout order), then the
-  // snapshot segment when hybrid. segment_info mirrors it for Attach.
-  std::vector<std::vector<std::unique_ptr<shm::Segment>>> segments;
-  std::vector<std::vector<v1::Segment>> segment_info;
-
-  absl::Mutex mu;
-  std::unique_ptr<PrefixIndex> index ABSL_GUARDED_BY(mu);
-  // Null without --state_dir. Every change of the index is appended before
-  // the request that made it is answered.
-  std::unique_ptr<NamespaceJournal> journal ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<uint64_t, Reservation> reservations ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<uint64_t, Lease> leases ABSL_GUARDED_BY(mu);
-  // Attached sessions -> their (storage) rank.
-  absl::flat_hash_map<uint64_t, uint32_t> sessions ABSL_GUARDED_BY(mu);
-  uint64_t reserved_page_rows ABSL_GUARDED_BY(mu) = 0;
-  uint64_t reserved_snapshot_rows ABSL_GUARDED_BY(mu) = 0;
-  // Lookup counters: unpinned lookups run under the shared lock only.
-  std::atomic<uint64_t> lookups{0};
-  std::atomic<uint64_t> hit_pages{0};
-  std::atomic<uint64_t> miss_pages{0};
-  std::atomic<uint64_t> snapshot_hits{0};
-  // Bumped by every operation that may evict or remove nodes (Reserve,
-  // Drop), so a lookup can tell whether its shared-lock search is stale.
-  uint64_t evict_epoch ABSL_GUARDED_BY(mu) = 0;
-  // Recency updates of unpinned lookups, applied (in order) under the
-  // exclusive lock before anything that evicts or orders by recency, so LRU
-  // decisions see every lookup without lookups taking the exclusive lock.
-  // Lock order: mu, then touch_mu.
-  absl::Mutex touch_mu;
-  std::vector<std::pair<uint32_t, HashKey>> pending_touches
-      ABSL_GUARDED_BY(touch_mu);
-  uint64_t committed_pages ABSL_GUARDED_BY(mu) = 0;
-  uint64_t committed_snapshots ABSL_GUARDED_BY(mu) = 0;
-  uint64_t dropped_pages ABSL_GUARDED_BY(mu) = 0;
-  uint64_t dropped_snapshots ABSL_GUARDED_BY(mu) = 0;
-
-  bool hybrid() const { return layout.snapshot_row_bytes() > 0; }
-  uint32_t StorageRank(uint32_t tp_rank) const {
-    return layout.replicated() ? 0 : tp_rank;
-  }
-  // What the journal records about the namespace: shape and segments, each
-  // with the creation stamp of its header as its content nonce.
-  JournalHeader MakeJournalHeader() const {
-    JournalHeader h;
-    h.name = name;
-    h.layout = layout;
-    h.page_rows = page_rows;
-    h.snapshot_rows = snapshot_rows;
-    h.max_replay_tokens = max_replay_tokens;
-    for (uint32_t r = 0; r < segments.size(); ++r) {
-      for (size_t i = 0; i < segments[r].size(); ++i) {
-        h.segments.push_back({segment_info[r][i].bank(), r,
-                              segments[r][i]->path(),
-                              segments[r][i]->header().created_unix_ns});
-      }
-    }
-    return h;
-  }
-};
 
 namespace {
 
@@ -160,7 +68,12 @@ absl::Status ParseOneHash(const std::string& bytes, uint32_t hash_bytes,
 }  // namespace
 
 TierCore::TierCore(TierOptions options)
-    : options_(std::move(options)), started_(absl::Now()) {
+    : options_(std::move(options)),
+      started_(absl::Now()),
+      fence_(std::make_unique<FenceRegistry>(
+          options_.state_dir.empty() ? ""
+                                     : options_.state_dir + "/fence.instances",
+          options_.fence)) {
   for (const DevicePoolExport& e : options_.device_pools) {
     device_tiers_.push_back(std::make_unique<DeviceSnapshotTier>(
         static_cast<uint32_t>(std::min<uint64_t>(e.rows, UINT32_MAX))));
@@ -183,6 +96,11 @@ void TierCore::AbortDeviceRows(uint32_t pool,
 }
 
 TierCore::~TierCore() {
+  {
+    absl::MutexLock lock(&sweeper_mu_);
+    sweeper_stop_ = true;
+  }
+  if (sweeper_.joinable()) sweeper_.join();
   if (state_lock_fd_ >= 0) ::close(state_lock_fd_);
 }
 
@@ -190,6 +108,12 @@ absl::StatusOr<uint64_t> TierCore::OpenSession(const v1::Hello& hello,
                                                const PeerInfo& peer) {
   if (hello.client_name().size() > 256) {
     return absl::InvalidArgumentError("hello.client_name: at most 256 bytes");
+  }
+  if (!hello.instance_id().empty() &&
+      hello.instance_id().size() != kInstanceIdBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("hello.instance_id: must be empty or ", kInstanceIdBytes,
+                     " bytes, got ", hello.instance_id().size()));
   }
   absl::BitGen gen;
   absl::MutexLock lock(&mu_);
@@ -202,6 +126,8 @@ absl::StatusOr<uint64_t> TierCore::OpenSession(const v1::Hello& hello,
   s.client_name = hello.client_name();
   s.peer = peer;
   s.opened = absl::Now();
+  s.fence_version = hello.fence_version();
+  fence_->OpenSession(id, hello.instance_id(), hello.fence_version());
   SPDLOG_INFO("session {:016x} opened: client '{}' pid {}", id, s.client_name,
               peer.pid);
   return id;
@@ -219,9 +145,31 @@ void TierCore::CloseSession(uint64_t session_id) {
     }
     sessions_.erase(it);
   }
-  size_t aborted = 0, released = 0;
+  // Queued GPU work outlives a session: unless the session said it has none
+  // or its process is gone, what it held is fenced, not freed.
+  const FenceRegistry::Closed closed = fence_->CloseSession(session_id);
+  size_t aborted = 0, released = 0, fenced = 0;
   for (auto& ns : attached) {
     absl::MutexLock lock(&ns->mu);
+    if (!closed.free_now) {
+      std::vector<uint64_t> res, leases;
+      for (const auto& [id, r] : ns->reservations) {
+        if (r.session == session_id) res.push_back(id);
+      }
+      for (const auto& [id, l] : ns->leases) {
+        if (l.session == session_id) leases.push_back(id);
+      }
+      for (uint64_t id : res) {
+        HoldReservationLocked(
+            *ns, id,
+            static_cast<int>(Namespace::FenceHold::Kind::kSessionEnded),
+            closed.instance, closed.process);
+      }
+      for (uint64_t id : leases) {
+        HoldLeaseLocked(*ns, id, closed.instance, closed.process);
+      }
+      fenced += res.size() + leases.size();
+    }
     for (auto it = ns->reservations.begin(); it != ns->reservations.end();) {
       auto cur = it++;
       if (cur->second.session != session_id) continue;
@@ -249,8 +197,8 @@ void TierCore::CloseSession(uint64_t session_id) {
   }
   SPDLOG_INFO(
       "session {:016x} closed: {} reservations aborted, {} leases "
-      "released",
-      session_id, aborted, released);
+      "released, {} fenced",
+      session_id, aborted, released, fenced);
 }
 
 absl::StatusOr<std::shared_ptr<TierCore::Namespace>>
@@ -498,6 +446,7 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
                      "' as rank ", it->second, " already"));
   }
   session->second.attached[n.id] = req.tp_rank();
+  fence_->NoteHolder(req.session_id());
   {
     absl::MutexLock ns_lock(&n.mu);
     n.sessions[req.session_id()] = n.StorageRank(req.tp_rank());
@@ -686,7 +635,13 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
     out->rows = std::move(r.rows);
     return absl::OkStatus();
   }
+  Hook("lookup:resolved");
   absl::MutexLock lock(&ns.mu);
+  // A session closed since Resolve must not be left a pin.
+  if (!ns.sessions.contains(session_id)) {
+    return absl::NotFoundError(
+        absl::StrCat("session_id: session ", session_id, " closed"));
+  }
   ApplyPendingTouches(ns);
   if (ns.evict_epoch != epoch) r = ns.index->Find(keys, rank);
   ns.index->Touch(r.touch_node);
@@ -699,7 +654,7 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
   if (pin && r.usable_pages > 0 && r.pin_node != kNoNode) {
     const uint64_t lease = next_id_.fetch_add(1);
     ns.index->Pin(r.pin_node);
-    Namespace::Lease l{session_id, r.pin_node};
+    Namespace::Lease l{session_id, r.pin_node, r.usable_pages};
     if (auto d = device_hit(true)) {
       out->has_device_snapshot = true;
       out->device_snapshot_row = d->row;
@@ -755,23 +710,20 @@ absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
         "snapshots: ", req.snapshots(), " exceeds the snapshot bank's ",
         ns.snapshot_rows, " rows"));
   }
+  Hook("reserve:resolved");
   absl::MutexLock lock(&ns.mu);
+  // A session closed since Resolve must not be left a reservation.
+  if (!ns.sessions.contains(req.session_id())) {
+    return absl::NotFoundError(
+        absl::StrCat("session_id: session ", req.session_id(), " closed"));
+  }
   ApplyPendingTouches(ns);  // Evictions must see every lookup's recency.
   ++ns.evict_epoch;         // Allocation may evict.
-  std::vector<uint32_t> pages, snaps;
-  if (req.pages() > 0) {
-    auto p = ns.index->AllocatePageRows(rank, req.pages());
-    if (!p.ok()) return p.status();
-    pages = *std::move(p);
-  }
-  if (req.snapshots() > 0) {
-    auto s = ns.index->AllocateSnapshotRows(rank, req.snapshots());
-    if (!s.ok()) {
-      (void)ns.index->FreePageRows(rank, pages);
-      return s.status();
-    }
-    snaps = *std::move(s);
-  }
+  // All or nothing, and refused before anything is evicted.
+  auto allocated = ns.index->AllocateRows(rank, req.pages(), req.snapshots());
+  if (!allocated.ok()) return ExplainFenceLocked(ns, allocated.status());
+  std::vector<uint32_t> pages = std::move(allocated->page_rows);
+  std::vector<uint32_t> snaps = std::move(allocated->snapshot_rows);
   std::vector<uint32_t> device_rows;
   for (uint32_t i = 0; i < req.device_snapshots(); ++i) {
     auto d = device_tiers_[req.device_pool()]->Reserve();
@@ -1059,7 +1011,8 @@ absl::Status TierCore::AdoptMirror(const v1::CommitRequest& req,
   return absl::OkStatus();
 }
 
-absl::Status TierCore::Abort(const v1::AbortRequest& req, v1::AbortResponse*) {
+absl::Status TierCore::Abort(const v1::AbortRequest& req,
+                             v1::AbortResponse* resp) {
   uint32_t rank = 0;
   auto ns_or =
       Resolve(req.api_version(), req.session_id(), req.namespace_id(), &rank);
@@ -1071,6 +1024,16 @@ absl::Status TierCore::Abort(const v1::AbortRequest& req, v1::AbortResponse*) {
     return absl::NotFoundError(
         absl::StrCat("reservation_id: no reservation ", req.reservation_id(),
                      " of this session in namespace '", ns.name, "'"));
+  }
+  if (req.fenced()) {
+    InstanceKey instance;
+    ProcessKey process;
+    fence_->SessionOwner(req.session_id(), &instance, &process);
+    resp->set_fence_hold(HoldReservationLocked(
+        ns, req.reservation_id(),
+        static_cast<int>(Namespace::FenceHold::Kind::kAbandoned), instance,
+        process));
+    return absl::OkStatus();
   }
   auto& r = it->second;
   absl::Status s1 = ns.index->FreePageRows(r.rank, r.page_rows);
@@ -1165,6 +1128,20 @@ absl::Status TierCore::Drop(const v1::DropRequest& req,
       for (const auto& [id, r] : ns->reservations) {
         AbortDeviceRows(r.device_pool, r.device_rows);
       }
+      // The segments are unlinked: whatever a fenced engine still writes
+      // lands in files nobody maps again.
+      for (const auto& [id, h] : ns->holds) {
+        AbortDeviceRows(h.device_pool, h.device_rows);
+        if (h.device_lease != 0) {
+          (void)device_tiers_[h.device_pool]->Release(h.device_lease);
+        }
+      }
+      live_holds_.fetch_sub(ns->holds.size());
+      ns->holds.clear();
+      if (ns->restart_fence) {
+        ns->restart_fence.reset();
+        restart_fences_.fetch_sub(1);
+      }
       ns->leases.clear();
       ns->reservations.clear();
       ns->reserved_page_rows = 0;
@@ -1226,10 +1203,37 @@ void TierCore::FillNamespaceInfo(Namespace& ns, v1::NamespaceInfo* info) {
   info->set_max_replay_tokens(ns.max_replay_tokens);
   info->set_leases(ns.leases.size());
   info->set_reservations(ns.reservations.size());
+  {
+    uint64_t pages = 0, snaps = 0;
+    for (const auto& [id, h] : ns.holds) {
+      pages += h.page_rows.size();
+      snaps += h.snapshot_rows.size();
+    }
+    if (ns.restart_fence) {
+      for (const auto& r : ns.restart_fence->page_rows) pages += r.size();
+      for (const auto& r : ns.restart_fence->snapshot_rows) snaps += r.size();
+      info->set_restart_fence_processes(
+          static_cast<uint32_t>(fence_->restart_waiting()));
+    }
+    info->set_fenced_page_rows(pages);
+    info->set_fenced_snapshot_rows(snaps);
+    info->set_fence_holds(static_cast<uint32_t>(ns.holds.size()));
+  }
   absl::flat_hash_map<uint32_t, uint64_t> reserved_pages, reserved_snaps;
   for (const auto& [id, r] : ns.reservations) {
     reserved_pages[r.rank] += r.page_rows.size();
     reserved_snaps[r.rank] += r.snapshot_rows.size();
+  }
+  absl::flat_hash_map<uint32_t, uint64_t> fenced_pages, fenced_snaps;
+  for (const auto& [id, h] : ns.holds) {
+    fenced_pages[h.rank] += h.page_rows.size();
+    fenced_snaps[h.rank] += h.snapshot_rows.size();
+  }
+  if (ns.restart_fence) {
+    for (uint32_t r = 0; r < ns.stored_ranks; ++r) {
+      fenced_pages[r] += ns.restart_fence->page_rows[r].size();
+      fenced_snaps[r] += ns.restart_fence->snapshot_rows[r].size();
+    }
   }
   for (uint32_t rank = 0; rank < ns.stored_ranks; ++rank) {
     for (const auto& seg : ns.segment_info[rank]) {
@@ -1243,8 +1247,10 @@ void TierCore::FillNamespaceInfo(Namespace& ns, v1::NamespaceInfo* info) {
       b->set_rank(rank);
       b->set_rows(seg.rows());
       b->set_free_rows(free_rows);
+      const uint64_t fenced = snap ? fenced_snaps[rank] : fenced_pages[rank];
       b->set_reserved_rows(reserved);
-      b->set_used_rows(seg.rows() - free_rows - reserved);
+      b->set_fenced_rows(fenced);
+      b->set_used_rows(seg.rows() - free_rows - reserved - fenced);
       b->set_row_bytes(seg.row_bytes());
       b->set_path(seg.path());
       b->set_huge_pages(seg.huge_pages());
@@ -1265,6 +1271,9 @@ absl::Status TierCore::Stats(const v1::StatsRequest& req,
             [](const auto& a, const auto& b) { return a->name < b->name; });
   resp->set_version(KVTIER_VERSION);
   resp->set_uptime_seconds(absl::ToInt64Seconds(absl::Now() - started_));
+  resp->set_instances(static_cast<uint32_t>(fence_->instances()));
+  resp->set_unseen_pid_processes(
+      static_cast<uint32_t>(fence_->unseen_pid_processes()));
   for (auto& ns : all) FillNamespaceInfo(*ns, resp->add_namespaces());
   return absl::OkStatus();
 }
@@ -1344,18 +1353,29 @@ absl::Status TierCore::CheckInvariants() {
         reserved_pages += r.page_rows.size();
         reserved_snaps += r.snapshot_rows.size();
       }
+      for (const auto& [id, h] : ns->holds) {
+        if (h.rank != rank) continue;
+        reserved_pages += h.page_rows.size();
+        reserved_snaps += h.snapshot_rows.size();
+      }
+      if (ns->restart_fence) {
+        reserved_pages += ns->restart_fence->page_rows[rank].size();
+        reserved_snaps += ns->restart_fence->snapshot_rows[rank].size();
+      }
       if (u.allocated_page_rows[rank] != reserved_pages) {
         return absl::InternalError(
             absl::StrCat("namespace '", ns->name, "' rank ", rank,
                          ": index holds ", u.allocated_page_rows[rank],
-                         " allocated uncommitted page rows, reservations hold ",
+                         " allocated uncommitted page rows, reservations and "
+                         "fences hold ",
                          reserved_pages));
       }
       if (u.allocated_snapshot_rows[rank] != reserved_snaps) {
         return absl::InternalError(absl::StrCat(
             "namespace '", ns->name, "' rank ", rank, ": index holds ",
             u.allocated_snapshot_rows[rank],
-            " allocated uncommitted snapshot rows, reservations hold ",
+            " allocated uncommitted snapshot rows, reservations and fences "
+            "hold ",
             reserved_snaps));
       }
     }
@@ -1410,6 +1430,7 @@ absl::Status TierCore::BindPeerCredentials(uint64_t session_id,
         " already; uid ", peer.uid, " cannot take it over"));
   }
   bound = peer;
+  fence_->BindProcess(session_id, peer.pid);
   SPDLOG_INFO("session {:016x}: peer pid {} uid {} gid {}", session_id,
               peer.pid, peer.uid, peer.gid);
   return absl::OkStatus();
@@ -1499,6 +1520,18 @@ absl::StatusOr<TierCore::RecoveryReport> TierCore::Recover() {
                      lock_path, "); give each daemon its own --state_dir"));
   }
   state_lock_fd_ = lock_fd;
+  // The processes that held rows before the restart (fence_registry.h).
+  auto waiting = fence_->Recover();
+  if (!waiting.ok()) {
+    SPDLOG_ERROR("recovery: {}", waiting.status().ToString());
+  }
+  const bool fence = waiting.ok() && *waiting > 0;
+  if (fence) {
+    SPDLOG_INFO(
+        "recovery: {} processes that held rows before the restart are "
+        "alive: rows from before it stay fenced until they report or exit",
+        *waiting);
+  }
   auto names = ListJournals(dir);
   if (!names.ok()) return names.status();
   for (const std::string& name : *names) {
@@ -1580,6 +1613,7 @@ absl::StatusOr<TierCore::RecoveryReport> TierCore::Recover() {
         ns.index->Clear();
       }
     }
+    if (doubt.empty() && fence) InstallRestartFenceLocked(ns, *contents);
     if (!doubt.empty()) {
       ++report.namespaces_emptied;
       SPDLOG_WARN(

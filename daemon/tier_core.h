@@ -15,9 +15,15 @@
 // inside the namespace's critical section, before the request is answered;
 // Recover rebuilds everything from the journals when the daemon starts.
 //
+// The fence (proto/kvtier/v1/tier.proto, "fence"; daemon/tier_fence.cc):
+// what a session held when it ended while its process lives on, what a
+// reservation dropped with queued writes held, and after a restart every
+// row from before it, are kept as fence holds that no Reserve can take
+// until the holder confirms or its processes are gone (FenceRegistry).
+//
 // Thread-safety: thread-safe. Lock order: TierCore::mu_, then one
-// Namespace::mu (never two namespaces at once); a namespace's journal is
-// used under its Namespace::mu.
+// Namespace::mu (never two namespaces at once), then the FenceRegistry's
+// (a leaf); a namespace's journal is used under its Namespace::mu.
 #ifndef KVTIER_DAEMON_TIER_CORE_H_
 #define KVTIER_DAEMON_TIER_CORE_H_
 
@@ -25,8 +31,10 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -36,6 +44,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/device_pool.h"
+#include "daemon/fence_registry.h"
 #include "daemon/journal.h"
 #include "daemon/namespace_layout.h"
 #include "daemon/peer_credentials.h"
@@ -80,6 +89,8 @@ struct TierOptions {
   // Attach; empty unless kvtierd --device_pool_bytes > 0. Their owner
   // (kvtierd's main) outlives the TierCore.
   std::vector<DevicePoolExport> device_pools;
+  // The fence protocol's policy (daemon/fence_registry.h).
+  FenceOptions fence;
 };
 
 class TierCore {
@@ -95,8 +106,25 @@ class TierCore {
                                        const PeerInfo& peer);
   // Releases every lease and aborts every reservation of the session, then
   // forgets it. Unknown ids are ignored (a session may close twice: stream
-  // end and server shutdown).
+  // end and server shutdown). Unless the session said Goodbye{quiescent}
+  // (SessionGoodbye) or its process has exited, its reservations and leases
+  // become fence holds of its instance instead of being freed.
   void CloseSession(uint64_t session_id);
+  // The session's Goodbye: with `quiescent`, nothing it holds has queued
+  // work, so CloseSession frees at once. Unknown sessions are ignored.
+  void SessionGoodbye(uint64_t session_id, bool quiescent);
+  // The Fence RPC: reports after a reconnection, releases of holds.
+  // NOT_FOUND for an unknown session; INVALID_ARGUMENT naming the field for
+  // a malformed item (then nothing changes). PERMISSION_DENIED when a
+  // released hold belongs to another instance.
+  absl::Status Fence(const v1::FenceRequest& request,
+                     v1::FenceResponse* response);
+  // Frees the holds of instances that are gone and lifts restart fences
+  // whose waiting processes all resolved. Returns the holds freed.
+  // kvtierd runs it from the sweeper (StartFenceSweeper); tests call it.
+  size_t SweepFences();
+  // Runs SweepFences every `period` on a thread until destruction.
+  void StartFenceSweeper(absl::Duration period);
 
   // Creates the namespace (its banks populated) or opens it; attaches the
   // session to it at `tp_rank`. A layout that contradicts the existing
@@ -175,6 +203,30 @@ class TierCore {
   // Number of live sessions.
   size_t session_count();
 
+  // Test hook: called with a point's name ("reserve:resolved",
+  // "lookup:resolved") where a test forces an interleaving, e.g. closing the
+  // session while the request is between Resolve and the namespace lock.
+  // Set before any request; nullptr: none.
+  void SetTestHook(std::function<void(const char* point)> hook) {
+    test_hook_ = std::move(hook);
+  }
+
+  // The fence's figures for Stats and the metrics.
+  struct FenceCounters {
+    uint64_t holds = 0;
+    uint64_t fenced_page_rows = 0;  // Held allocated (not reusable).
+    uint64_t fenced_snapshot_rows = 0;
+    uint64_t pinned_pages = 0;  // Committed pages kept from eviction.
+    uint32_t restart_waiting = 0;
+    uint32_t instances = 0;
+    uint32_t unseen_pid_sessions = 0;
+    uint64_t released_confirmed = 0;  // Holds freed: holder confirmed.
+    uint64_t released_gone = 0;       // Holds freed: holder gone.
+    uint64_t restart_fences_lifted = 0;
+    uint64_t report_mismatches = 0;  // Reported items nothing matched.
+  };
+  FenceCounters GetFenceCounters();
+
   struct RecoveryReport {
     uint32_t namespaces = 0;  // Reopened from their journals.
     // Of them, reopened empty: a segment was missing or recreated since its
@@ -213,6 +265,7 @@ class TierCore {
   struct Namespace;
   struct Session {
     uint64_t id = 0;
+    uint32_t fence_version = 0;
     std::string client_name;
     PeerInfo peer;
     absl::Time opened;
@@ -251,6 +304,27 @@ class TierCore {
   // Returns reserved device slots of pool `pool`.
   void AbortDeviceRows(uint32_t pool, const std::vector<uint32_t>& rows);
 
+  // ---- the fence (tier_fence.cc); REQUIRES: ns.mu held for *Locked. ----
+  void Hook(const char* point) {
+    if (test_hook_) test_hook_(point);
+  }
+  // Moves reservation `id` of ns into a new hold of `kind`; returns its id.
+  uint64_t HoldReservationLocked(Namespace& ns, uint64_t id, int kind,
+                                 const InstanceKey& instance,
+                                 const ProcessKey& origin);
+  uint64_t HoldLeaseLocked(Namespace& ns, uint64_t id,
+                           const InstanceKey& instance,
+                           const ProcessKey& origin);
+  // Frees what hold `id` keeps and forgets it.
+  void ReleaseHoldLocked(Namespace& ns, uint64_t id);
+  // After a restart: claims `outstanding` rows and pins every restored leaf
+  // and snapshot node (Namespace::RestartFence).
+  void InstallRestartFenceLocked(Namespace& ns,
+                                 const JournalContents& contents);
+  void LiftRestartFenceLocked(Namespace& ns);
+  // RESOURCE_EXHAUSTED of an allocation, with what the fence keeps.
+  absl::Status ExplainFenceLocked(Namespace& ns, absl::Status refused);
+
   const TierOptions options_;
   const absl::Time started_;
   // One device-tier index per device pool (options_.device_pools order);
@@ -270,6 +344,20 @@ class TierCore {
   // (the old one is still being read).
   bool recovering_ ABSL_GUARDED_BY(mu_) = false;
   int state_lock_fd_ = -1;  // Set by Recover, closed by the destructor.
+
+  std::unique_ptr<FenceRegistry> fence_;
+  std::function<void(const char*)> test_hook_;
+  // Holds and restart fences over all namespaces: the sweep skips the
+  // namespaces while both are zero.
+  std::atomic<uint64_t> live_holds_{0};
+  std::atomic<uint32_t> restart_fences_{0};
+  std::atomic<uint64_t> released_confirmed_{0};
+  std::atomic<uint64_t> released_gone_{0};
+  std::atomic<uint64_t> restart_fences_lifted_{0};
+  std::atomic<uint64_t> report_mismatches_{0};
+  absl::Mutex sweeper_mu_;
+  bool sweeper_stop_ ABSL_GUARDED_BY(sweeper_mu_) = false;
+  std::thread sweeper_;
 };
 
 }  // namespace kvtier::daemon

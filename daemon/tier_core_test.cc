@@ -280,6 +280,8 @@ TEST_F(TierCoreTest, SessionCloseReturnsReservationsAndPins) {
   // Everything is pinned or reserved: no room.
   auto full = Reserve(owner, a.namespace_id(), 1);
   EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  // A clean close (Goodbye{quiescent}): nothing of it is queued anywhere.
+  core_->SessionGoodbye(engine, /*quiescent=*/true);
   core_->CloseSession(engine);
   EXPECT_TRUE(core_->CheckInvariants().ok());
   // The engine's reservation came back, and its pin no longer blocks

@@ -88,6 +88,15 @@ class SessionReactor
       }
       case v1::SessionRequest::kHeartbeat:
         break;
+      case v1::SessionRequest::kGoodbye: {
+        uint64_t id;
+        {
+          absl::MutexLock lock(&mu_);
+          id = session_id_;
+        }
+        if (id != 0) core_->SessionGoodbye(id, request_.goodbye().quiescent());
+        break;
+      }
       default:
         FinishOnce(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                 "session request: neither hello nor "
@@ -190,6 +199,7 @@ KVTIER_UNARY(Reserve)
 KVTIER_UNARY(Commit)
 KVTIER_UNARY(Abort)
 KVTIER_UNARY(Release)
+KVTIER_UNARY(Fence)
 KVTIER_UNARY(Drop)
 KVTIER_UNARY(Stats)
 KVTIER_UNARY(ListNamespaces)

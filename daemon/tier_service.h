@@ -56,6 +56,9 @@ class TierService final : public v1::TierService::CallbackService {
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
                                     const v1::ReleaseRequest* request,
                                     v1::ReleaseResponse* response) override;
+  grpc::ServerUnaryReactor* Fence(grpc::CallbackServerContext* context,
+                                  const v1::FenceRequest* request,
+                                  v1::FenceResponse* response) override;
   grpc::ServerUnaryReactor* Drop(grpc::CallbackServerContext* context,
                                  const v1::DropRequest* request,
                                  v1::DropResponse* response) override;

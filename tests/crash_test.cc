@@ -130,7 +130,8 @@ class CrashTest : public ::testing::Test {
     slowest_ = std::max(slowest_, took);
     auto totals = probe_->Totals("crash");
     ASSERT_TRUE(totals.ok()) << totals.status();
-    EXPECT_EQ(totals->free + totals->reserved + totals->used, totals->rows);
+    EXPECT_EQ(totals->free + totals->reserved + totals->used + totals->fenced,
+              totals->rows);
     auto v = probe_->Verify();
     ASSERT_TRUE(v.ok()) << v.status();
     EXPECT_TRUE(v->ok()) << v->violation();

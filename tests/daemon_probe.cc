@@ -68,9 +68,11 @@ absl::StatusOr<BankTotals> DaemonProbe::Totals(const std::string& ns) {
       t.free += b.free_rows();
       t.reserved += b.reserved_rows();
       t.used += b.used_rows();
+      t.fenced += b.fenced_rows();
     }
     t.leases = n.leases();
     t.reservations = n.reservations();
+    t.fence_holds = n.fence_holds();
     return t;
   }
   return absl::NotFoundError(absl::StrCat("no namespace ", ns));
@@ -82,14 +84,16 @@ absl::StatusOr<absl::Duration> DaemonProbe::WaitUntilNothingHeld(
   for (;;) {
     auto t = Totals(ns);
     if (!t.ok()) return t.status();
-    if (t->reserved == 0 && t->leases == 0 && t->reservations == 0) {
+    if (t->reserved == 0 && t->leases == 0 && t->reservations == 0 &&
+        t->fence_holds == 0 && t->fenced == 0) {
       return absl::Now() - start;
     }
     if (absl::Now() - start > limit) {
       return absl::DeadlineExceededError(
           absl::StrCat(ns, ": still ", t->reserved, " reserved rows, ",
                        t->reservations, " reservations, ", t->leases,
-                       " leases after ", absl::FormatDuration(limit)));
+                       " leases, ", t->fence_holds, " fence holds of ",
+                       t->fenced, " rows after ", absl::FormatDuration(limit)));
     }
     absl::SleepFor(absl::Milliseconds(2));
   }

@@ -21,8 +21,10 @@ struct BankTotals {
   uint64_t free = 0;
   uint64_t reserved = 0;
   uint64_t used = 0;
+  uint64_t fenced = 0;  // Rows fenced (BankUsage.fenced_rows).
   uint64_t leases = 0;
   uint64_t reservations = 0;
+  uint64_t fence_holds = 0;
 };
 
 class DaemonProbe {
@@ -34,7 +36,8 @@ class DaemonProbe {
   absl::StatusOr<v1::VerifyResponse> Verify();
   // Stats of namespace `ns`; NOT_FOUND when the daemon has none.
   absl::StatusOr<BankTotals> Totals(const std::string& ns);
-  // Polls Totals until the namespace has no reservation and no lease, for
+  // Polls Totals until the namespace has no reservation, no lease and no
+  // fence hold (a dead engine's rows come back once kvtierd saw it exit), for
   // at most `limit`; returns how long that took (DEADLINE_EXCEEDED past it).
   absl::StatusOr<absl::Duration> WaitUntilNothingHeld(const std::string& ns,
                                                       absl::Duration limit);

@@ -353,6 +353,7 @@ TEST_F(DevicePoolCoreTest, SessionEndReturnsSlotsAndKeepsCommittedOnes) {
   ASSERT_TRUE(lr.has_device_snapshot());
   EXPECT_EQ(Fill(4, true).status().code(),
             absl::StatusCode::kResourceExhausted);
+  core_->SessionGoodbye(*other, /*quiescent=*/true);  // A clean close.
   core_->CloseSession(*other);
   // What it committed survives it; its reservation and pin are gone.
   EXPECT_TRUE(Lookup(2, false, true).has_device_snapshot());

@@ -5,7 +5,7 @@
 // grpc::GenericStub with raw bytes. Every unary method answers an empty
 // request with OK or a validation error (never UNIMPLEMENTED), and a whole
 // engine's flow (Session, Attach, Reserve, Commit, Lookup, Release, Abort,
-// Stats, ListNamespaces, ListPrefixes, Verify, Drop) succeeds from JSON.
+// Fence, Stats, ListNamespaces, ListPrefixes, Verify, Drop) succeeds from JSON.
 #include <memory>
 #include <set>
 #include <string>
@@ -305,6 +305,17 @@ TEST_F(ReflectionCallTest, AnEnginesWholeFlowFromJson) {
   auto second = call("Reserve", absl::StrCat("{", n, R"(, "pages": 1})"));
   call("Abort", absl::StrCat("{", n, ", \"reservation_id\": \"",
                              U64(*second, "reservation_id"), "\"}"));
+  // A reservation given up while copies may be queued stays fenced until
+  // the holder releases the hold.
+  auto third = call("Reserve", absl::StrCat("{", n, R"(, "pages": 1})"));
+  auto fenced = call("Abort", absl::StrCat("{", n, ", \"reservation_id\": \"",
+                                           U64(*third, "reservation_id"),
+                                           "\", \"fenced\": true}"));
+  const uint64_t hold = U64(*fenced, "fence_hold");
+  ASSERT_NE(hold, 0u) << Json(*fenced);
+  auto freed =
+      call("Fence", absl::StrCat("{", s, ", \"release\": [\"", hold, "\"]}"));
+  EXPECT_EQ(U64(*freed, "released"), 1u) << Json(*freed);
   auto stats = call("Stats", "{}");
   EXPECT_THAT(Json(*stats), HasSubstr("\"name\":\"reflected\""));
   auto listed = call("ListNamespaces", "{}");

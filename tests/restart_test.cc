@@ -213,7 +213,8 @@ TEST(RestartTest, DaemonKilledUnderLoadLosesNoAcknowledgedCommit) {
   // it is there (and harmless) all the same.
   EXPECT_GE(totals->used, acked.size() * kPages * 2);  // kv + scale banks.
   EXPECT_EQ(totals->reserved, 0u);
-  EXPECT_EQ(totals->free + totals->reserved + totals->used, totals->rows);
+  EXPECT_EQ(totals->free + totals->reserved + totals->used + totals->fenced,
+            totals->rows);
   auto v = probe.Verify();
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_TRUE(v->ok()) << v->violation();

@@ -215,17 +215,26 @@ class Client(_Handle):
       socket: the daemon's unix socket; None for $KVTIER_SOCKET or the default.
       name: shown to operators.
       timeout_ms: connect and per-RPC deadline; 0 for 5000.
+      instance: 16 bytes naming the client instance this process belongs to
+        (the fence protocol: processes of one engine that share leases and
+        reservations, such as vLLM's scheduler and workers, pass the same);
+        None for a fresh one.
     Raises:
       UnavailableError / DeadlineExceededError when no daemon answers.
     """
 
     def __init__(self, socket: str | None = None, name: str = "python",
-                 timeout_ms: int = 0):
+                 timeout_ms: int = 0, instance: bytes | None = None):
         lib = _lib.load()
         out = c_void_p()
-        check(lib.kvt_connect(socket.encode() if socket else None,
-                              name.encode(), timeout_ms, byref(out)),
-              "kvt_connect")
+        if instance is not None and len(instance) != 16:
+            raise ValueError(f"instance: must be 16 bytes, got {len(instance)}")
+        inst = bytes(instance or b"")
+        check(lib.kvt_connect_instance(socket.encode() if socket else None,
+                                       name.encode(), timeout_ms,
+                                       _lib.u8(inst) if inst else None, len(inst),
+                                       byref(out)),
+              "kvt_connect_instance")
         self._ptr = out
         self._children: weakref.WeakSet = weakref.WeakSet()
 
@@ -534,11 +543,17 @@ class Reservation(_Handle):
         self._ptr = None
         return PendingCommit(out)
 
-    def abort(self) -> None:
-        """Returns the rows. Idempotent."""
+    def abort(self, stream=None) -> None:
+        """Returns the rows now (stream None: no copy into them may still be
+        queued) or once `stream`'s queued work has finished, without blocking.
+        Idempotent."""
         if self._ptr is None:
             return
-        check(_lib.load().kvt_abort(self._take()), "kvt_abort")
+        if stream is None:
+            check(_lib.load().kvt_abort(self._take()), "kvt_abort")
+            return
+        check(_lib.load().kvt_abort_after(self._take(), c_void_p(_after_handle(stream))),
+              "kvt_abort_after")
 
     close = abort
 

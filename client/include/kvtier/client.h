@@ -15,8 +15,18 @@
 // every namespace it holds, remapping a bank in place (same address) if the
 // daemon recreated it. During the outage Lookup answers a miss (an empty
 // Lease), Reserve and Commit answer UNAVAILABLE, and the leases and
-// reservations of the ended session are void: releasing or aborting them
-// does nothing, committing them is UNAVAILABLE.
+// reservations of the ended session are void: committing them is
+// UNAVAILABLE.
+//
+// The fence (proto/kvtier/v1/tier.proto, "fence"): the daemon never hands
+// rows this process may still write or read to anyone else. After a
+// reconnection the library reports the leases and reservations it still
+// holds; each becomes a fence hold that releasing, aborting or committing
+// the handle (after its stream, for the *After calls) frees. Use the
+// stream-ordered AbortAfter / ReleaseAfter where copies may be queued: a
+// Reservation destroyed without Commit or Abort in a process where work may
+// be queued (a CUDA device, or a ReferenceStream) keeps its rows fenced
+// until the process exits.
 //
 // The API exposes no protobuf, gRPC or abseil-flags types beyond
 // absl::Status/StatusOr and absl::Span, so an engine that brings its own
@@ -88,6 +98,11 @@ struct ConnectOptions {
   // Reopen the session and re-attach the namespaces when the daemon goes
   // away (retrying every 20 ms, backing off to 1 s); false: stay down.
   bool reconnect = true;
+  // The client instance this Client belongs to (fence protocol): 16 bytes
+  // shared by the processes of one engine that share leases and
+  // reservations (vLLM's scheduler and workers). Empty: a fresh random id,
+  // this Client alone.
+  std::string instance_id;
 };
 
 struct AttachOptions {
@@ -164,14 +179,19 @@ class Lease {
   // finished (else use ReleaseAfter).
   absl::Status Release();
   // Releases the pin once the work queued on `stream` (a cudaStream_t; null
-  // is CUDA's default stream) so far has finished, without blocking the
-  // calling thread. In a process without a GPU: releases now.
+  // is CUDA's default stream; or a ReferenceStream's handle) so far has
+  // finished, without blocking the calling thread. In a process without a
+  // GPU, with a null stream: releases now.
   void ReleaseAfter(void* stream);
 
  private:
   friend class Namespace;
+  // Registers a pinned lease with the fence tracker; `hashes` is the
+  // looked-up chain.
+  void Track(std::string_view hashes);
   std::shared_ptr<client::NamespaceState> ns_;
   uint64_t lease_id_ = 0;
+  uint64_t track_ = 0;  // client::FenceTracker token.
   uint64_t epoch_ = 0;  // The session (Connection::epoch) that pinned it.
   uint32_t matched_pages_ = 0;
   uint32_t usable_pages_ = 0;
@@ -217,12 +237,20 @@ class Reservation {
   std::future<absl::StatusOr<CommitResult>> CommitAfter(
       void* stream, std::string parent_hash, std::string hashes,
       std::vector<SnapshotPlacement> snapshots = {});
+  // Returns the rows. REQUIRES: no work that writes them is queued (else
+  // AbortAfter).
   absl::Status Abort();
+  // Returns the rows once the work queued on `stream` so far has finished,
+  // without blocking. Until then they stay reserved (and fenced, should the
+  // session end). When the callback cannot be queued the rows stay fenced
+  // until the process exits.
+  void AbortAfter(void* stream);
 
  private:
   friend class Namespace;
   std::shared_ptr<client::NamespaceState> ns_;
   uint64_t id_ = 0;
+  uint64_t track_ = 0;  // client::FenceTracker token.
   uint64_t epoch_ = 0;  // The session (Connection::epoch) that reserved it.
   std::vector<uint32_t> page_rows_;
   std::vector<uint32_t> snapshot_rows_;

@@ -138,6 +138,11 @@ const char* kvt_version(void);
 /* socket: NULL for the default. timeout_ms: 0 for 5000. */
 kvt_status kvt_connect(const char* socket, const char* client_name,
                        uint32_t timeout_ms, kvt_client** out);
+/* kvt_connect as one process of a client instance (fence protocol; see
+ * ConnectOptions::instance_id): instance_len 16, or 0 for a fresh one. */
+kvt_status kvt_connect_instance(const char* socket, const char* client_name,
+                                uint32_t timeout_ms, const uint8_t* instance_id,
+                                size_t instance_len, kvt_client** out);
 void kvt_client_close(kvt_client* client);
 uint64_t kvt_session_id(const kvt_client* client);
 int32_t kvt_session_alive(const kvt_client* client);
@@ -204,6 +209,10 @@ kvt_status kvt_pending_wait(kvt_pending_commit* p, uint32_t timeout_ms,
                             kvt_commit_result* result);
 /* Aborts and frees the handle. */
 kvt_status kvt_abort(kvt_reservation* r);
+/* Frees the handle and returns the rows once the work queued on `stream`
+ * so far has finished (NULL: now, as kvt_abort). See Reservation::
+ * AbortAfter. */
+kvt_status kvt_abort_after(kvt_reservation* r, void* stream);
 
 kvt_status kvt_transfer_create(const kvt_namespace* ns, int32_t backend,
                                const kvt_pool* pool, uint32_t max_ctas,

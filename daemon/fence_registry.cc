@@ -1,0 +1,370 @@
+// FenceRegistry: instances and processes that may still touch rows.
+#include "daemon/fence_registry.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "daemon/journal.h"
+#include "spdlog/spdlog.h"
+
+namespace kvtier::daemon {
+namespace {
+
+constexpr absl::string_view kLineTag = "kvtier-fence-v1";
+
+// "<tag> <instance hex> <pid> <start ticks> <crc32c of the rest, hex>\n"
+std::string FormatLine(const InstanceKey& instance, const ProcessKey& p) {
+  std::string body =
+      absl::StrCat(kLineTag, " ", absl::BytesToHexString(instance), " ", p.pid,
+                   " ", p.start_ticks);
+  const uint32_t crc = Crc32c(body.data(), body.size());
+  return absl::StrFormat("%s %08x\n", body, crc);
+}
+
+bool ParseLine(absl::string_view line, InstanceKey* instance, ProcessKey* p) {
+  std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
+  if (f.size() != 5 || f[0] != kLineTag) return false;
+  const size_t body = line.size() - f[4].size() - 1;
+  uint32_t crc = 0;
+  if (f[4].size() != 8 || !absl::SimpleHexAtoi(f[4], &crc) ||
+      crc != Crc32c(line.data(), body)) {
+    return false;
+  }
+  // This abseil's HexStringToBytes does not report bad digits: check them.
+  if (f[1].empty() || f[1].size() % 2 != 0 || f[1].size() > 128 ||
+      f[1].find_first_not_of("0123456789abcdef") != absl::string_view::npos) {
+    return false;
+  }
+  std::string bytes = absl::HexStringToBytes(f[1]);
+  int64_t pid = 0;
+  if (!absl::SimpleAtoi(f[2], &pid) || pid < 0 || pid > (1 << 30) ||
+      !absl::SimpleAtoi(f[3], &p->start_ticks)) {
+    return false;
+  }
+  p->pid = static_cast<pid_t>(pid);
+  *instance = std::move(bytes);
+  return true;
+}
+
+}  // namespace
+
+FenceRegistry::FenceRegistry(std::string path, FenceOptions options)
+    : path_(std::move(path)), options_(options) {}
+
+FenceRegistry::~FenceRegistry() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+std::string FenceRegistry::Describe(const InstanceKey& instance) {
+  return absl::BytesToHexString(instance);
+}
+
+absl::StatusOr<size_t> FenceRegistry::Recover() {
+  absl::MutexLock lock(&mu_);
+  if (path_.empty()) return 0;
+  std::vector<std::pair<InstanceKey, ProcessKey>> recorded;
+  {
+    std::ifstream in(path_);
+    std::string line;
+    size_t bad = 0;
+    while (std::getline(in, line)) {
+      InstanceKey instance;
+      ProcessKey p;
+      if (ParseLine(line, &instance, &p)) {
+        recorded.emplace_back(std::move(instance), p);
+      } else {
+        ++bad;
+      }
+    }
+    if (bad > 0) {
+      SPDLOG_WARN(
+          "{}: {} unreadable lines skipped (a torn last line is "
+          "what a crash leaves)",
+          path_, bad);
+    }
+  }
+  const absl::Time now = absl::Now();
+  for (auto& [instance, p] : recorded) {
+    if (p.pid == 0) {
+      if (waiting_unseen_.contains(instance)) continue;
+      waiting_unseen_[instance] = now + options_.unseen_pid_hold;
+      Instance& in = instances_[instance];
+      in.unseen = true;
+      in.unseen_recorded = true;
+      in.last_close = now;
+      continue;
+    }
+    if (processes_.contains(p)) continue;
+    auto watch = ProcessWatch::Open(p.pid, p.start_ticks);
+    if (!watch.ok()) continue;  // Exited while the daemon was down.
+    Process& proc = processes_[p];
+    proc.instance = instance;
+    proc.watch = *std::move(watch);
+    proc.recorded = true;
+    instances_[instance].processes.insert(p);
+    waiting_.insert(p);
+  }
+  // Rewrite with the live ones only (temporary file, rename).
+  const std::string tmp = path_ + ".tmp";
+  const int fd =
+      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::InternalError(
+        absl::StrCat(tmp, ": cannot create: ", std::strerror(errno)));
+  }
+  std::string all;
+  for (const ProcessKey& p : waiting_) {
+    absl::StrAppend(&all, FormatLine(processes_[p].instance, p));
+  }
+  for (const auto& [instance, deadline] : waiting_unseen_) {
+    absl::StrAppend(&all, FormatLine(instance, ProcessKey{}));
+  }
+  const bool written =
+      ::write(fd, all.data(), all.size()) == static_cast<ssize_t>(all.size());
+  ::close(fd);
+  if (!written || ::rename(tmp.c_str(), path_.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return absl::InternalError(
+        absl::StrCat(path_, ": cannot rewrite: ", std::strerror(errno)));
+  }
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd_ < 0) {
+    return absl::InternalError(
+        absl::StrCat(path_, ": cannot open: ", std::strerror(errno)));
+  }
+  return waiting_.size() + waiting_unseen_.size();
+}
+
+void FenceRegistry::RecordLocked(const InstanceKey& instance,
+                                 const ProcessKey& process) {
+  if (path_.empty()) return;
+  if (fd_ < 0) {
+    fd_ =
+        ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+  }
+  const std::string line = FormatLine(instance, process);
+  if (fd_ < 0 || ::write(fd_, line.data(), line.size()) !=
+                     static_cast<ssize_t>(line.size())) {
+    SPDLOG_ERROR(
+        "{}: cannot record instance {} pid {}: {}; its fence will "
+        "not survive a daemon restart",
+        path_, Describe(instance), process.pid, std::strerror(errno));
+  }
+}
+
+void FenceRegistry::OpenSession(uint64_t session,
+                                const std::string& instance_id,
+                                uint32_t fence_version) {
+  absl::MutexLock lock(&mu_);
+  SessionEntry& e = sessions_[session];
+  if (instance_id.empty()) {
+    e.instance = std::string("s:", 2);
+    e.instance.append(reinterpret_cast<const char*>(&session), sizeof(session));
+  } else {
+    e.instance = instance_id;
+  }
+  e.fence_version = fence_version;
+  ++instances_[e.instance].sessions;
+}
+
+void FenceRegistry::BindProcess(uint64_t session, pid_t pid) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session);
+  if (it == sessions_.end() || it->second.process.pid != 0) return;
+  SessionEntry& e = it->second;
+  Instance& in = instances_[e.instance];
+  if (pid <= 0) return;  // Not visible: CloseSession applies the policy.
+  auto watch = ProcessWatch::Open(pid);
+  if (!watch.ok()) return;  // Gone since connect(2): so is its session.
+  e.process = (*watch)->key();
+  auto [p, inserted] = processes_.try_emplace(e.process);
+  if (inserted) {
+    p->second.instance = e.instance;
+    p->second.watch = *std::move(watch);
+  }
+  in.processes.insert(e.process);
+}
+
+void FenceRegistry::NoteHolder(uint64_t session) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return;
+  SessionEntry& e = it->second;
+  e.holder = true;
+  if (e.process.pid != 0) {
+    Process& p = processes_[e.process];
+    if (!p.recorded) {
+      p.recorded = true;
+      RecordLocked(e.instance, e.process);
+    }
+    return;
+  }
+  Instance& in = instances_[e.instance];
+  in.unseen = true;
+  if (!in.unseen_recorded) {
+    in.unseen_recorded = true;
+    RecordLocked(e.instance, ProcessKey{});
+  }
+}
+
+void FenceRegistry::MarkQuiescent(uint64_t session) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session);
+  if (it != sessions_.end()) it->second.quiescent = true;
+}
+
+FenceRegistry::Closed FenceRegistry::CloseSession(uint64_t session) {
+  absl::MutexLock lock(&mu_);
+  Closed c;
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) {
+    c.free_now = true;
+    return c;
+  }
+  SessionEntry e = std::move(it->second);
+  sessions_.erase(it);
+  c.instance = e.instance;
+  c.process = e.process;
+  Instance& in = instances_[e.instance];
+  if (in.sessions > 0) --in.sessions;
+  in.last_close = absl::Now();
+  // A holder never watchable: the unseen-pid policy keeps its instance.
+  if (e.process.pid == 0 && e.holder) in.unseen = true;
+  if (e.quiescent) {
+    c.free_now = true;
+  } else if (e.process.pid != 0) {
+    auto p = processes_.find(e.process);
+    c.free_now = p == processes_.end() || p->second.watch == nullptr ||
+                 p->second.watch->Exited();
+  }
+  return c;
+}
+
+bool FenceRegistry::SessionOwner(uint64_t session, InstanceKey* instance,
+                                 ProcessKey* process) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return false;
+  if (instance != nullptr) *instance = it->second.instance;
+  if (process != nullptr) *process = it->second.process;
+  return true;
+}
+
+uint32_t FenceRegistry::FenceVersion(uint64_t session) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session);
+  return it == sessions_.end() ? 0 : it->second.fence_version;
+}
+
+void FenceRegistry::ReportComplete(uint64_t session) {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return;
+  const SessionEntry& e = it->second;
+  if (e.process.pid != 0) waiting_.erase(e.process);
+  if (e.process.pid == 0) waiting_unseen_.erase(e.instance);
+}
+
+bool FenceRegistry::InstanceGoneLocked(const InstanceKey& key,
+                                       absl::Time now) const {
+  auto it = instances_.find(key);
+  if (it == instances_.end()) return true;
+  const Instance& in = it->second;
+  if (in.sessions > 0) return false;
+  for (const ProcessKey& k : in.processes) {
+    auto p = processes_.find(k);
+    if (p != processes_.end() && p->second.watch != nullptr &&
+        !p->second.watch->Exited()) {
+      return false;
+    }
+  }
+  if (in.unseen && now - in.last_close < options_.unseen_pid_hold) {
+    return false;
+  }
+  return true;
+}
+
+bool FenceRegistry::InstanceGone(const InstanceKey& instance) const {
+  absl::MutexLock lock(&mu_);
+  return InstanceGoneLocked(instance, absl::Now());
+}
+
+bool FenceRegistry::Poll() {
+  absl::MutexLock lock(&mu_);
+  bool changed = false;
+  const absl::Time now = absl::Now();
+  for (auto& [key, p] : processes_) {
+    if (p.watch != nullptr && p.watch->Exited()) {
+      p.watch.reset();
+      changed = true;
+    }
+    if (p.watch == nullptr && waiting_.erase(key) > 0) changed = true;
+  }
+  for (auto it = waiting_unseen_.begin(); it != waiting_unseen_.end();) {
+    auto cur = it++;
+    if (now >= cur->second) {
+      waiting_unseen_.erase(cur);
+      changed = true;
+    }
+  }
+  for (auto it = instances_.begin(); it != instances_.end();) {
+    auto cur = it++;
+    if (!InstanceGoneLocked(cur->first, now)) continue;
+    for (const ProcessKey& k : cur->second.processes) processes_.erase(k);
+    instances_.erase(cur);
+    changed = true;
+  }
+  return changed;
+}
+
+size_t FenceRegistry::restart_waiting() const {
+  absl::MutexLock lock(&mu_);
+  return waiting_.size() + waiting_unseen_.size();
+}
+
+std::vector<std::string> FenceRegistry::RestartWaitingNames(
+    size_t limit) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> out;
+  for (const ProcessKey& k : waiting_) {
+    if (out.size() >= limit) break;
+    out.push_back(absl::StrCat("pid ", k.pid));
+  }
+  for (const auto& [instance, deadline] : waiting_unseen_) {
+    if (out.size() >= limit) break;
+    out.push_back(
+        absl::StrCat("instance ", Describe(instance), " (pid unseen)"));
+  }
+  return out;
+}
+
+size_t FenceRegistry::instances() const {
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  size_t n = 0;
+  for (const auto& [key, in] : instances_) {
+    n += InstanceGoneLocked(key, now) ? 0 : 1;
+  }
+  return n;
+}
+
+size_t FenceRegistry::unseen_pid_processes() const {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [id, e] : sessions_) {
+    n += e.process.pid == 0 && e.holder ? 1 : 0;
+  }
+  return n;
+}
+
+}  // namespace kvtier::daemon

@@ -1,0 +1,161 @@
+// TierCore::Namespace: one namespace's banks, index, journal, and the
+// reservations, leases and fence holds its sessions have. Private to the
+// TierCore implementation files (tier_core.cc, tier_fence.cc).
+#ifndef KVTIER_DAEMON_TIER_NAMESPACE_H_
+#define KVTIER_DAEMON_TIER_NAMESPACE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/fence_registry.h"
+#include "daemon/journal.h"
+#include "daemon/namespace_layout.h"
+#include "daemon/prefix_index.h"
+#include "daemon/tier_core.h"
+#include "shm/segment.h"
+
+namespace kvtier::daemon {
+
+struct TierCore::Namespace {
+  struct Reservation {
+    uint64_t session = 0;
+    uint32_t rank = 0;
+    std::vector<uint32_t> page_rows;
+    std::vector<uint32_t> snapshot_rows;
+    // Slots of device pool `device_pool` (daemon/device_pool.h).
+    uint32_t device_pool = 0;
+    std::vector<uint32_t> device_rows;
+  };
+  struct Lease {
+    uint64_t session = 0;
+    uint32_t node = 0;
+    uint32_t pages = 0;  // Usable pages it pins (rows of the path).
+    // A pin in device pool `device_pool`'s tier (0: none).
+    uint32_t device_pool = 0;
+    uint64_t device_lease = 0;
+  };
+
+  // Rows that someone may still write or read: handed to nobody until the
+  // holder confirms (Fence.release, a report) or its instance is gone
+  // (proto/kvtier/v1/tier.proto, "fence").
+  struct FenceHold {
+    enum class Kind : uint8_t {
+      kSessionEnded,  // Its session ended without a quiescent Goodbye.
+      kAbandoned,     // Aborted with fenced: queued writes may remain.
+      kReported,      // Reported after a restart or reconnection.
+    };
+    Kind kind = Kind::kSessionEnded;
+    InstanceKey instance;
+    ProcessKey origin;  // The process whose session held the rows.
+    uint32_t rank = 0;
+    // A reservation's rows, still allocated-uncommitted in the index.
+    std::vector<uint32_t> page_rows;
+    std::vector<uint32_t> snapshot_rows;
+    uint32_t device_pool = 0;
+    std::vector<uint32_t> device_rows;
+    // A lease's pin (kNoNode: none) and the pages it keeps.
+    uint32_t pin_node = kNoNode;
+    uint32_t pin_pages = 0;
+    uint64_t device_lease = 0;
+    absl::Time since;
+  };
+  // After a restart, until every process that held rows before it has
+  // reported or exited (FenceRegistry's waiting set): the rows that were
+  // reserved then stay claimed, and every restored leaf and snapshot node
+  // stays pinned, so nothing from before the restart is handed out.
+  struct RestartFence {
+    std::vector<std::vector<uint32_t>> page_rows;  // Per rank, claimed.
+    std::vector<std::vector<uint32_t>> snapshot_rows;
+    std::vector<uint32_t> pinned_nodes;
+    uint64_t pinned_pages = 0;  // Restored nodes it protects.
+    absl::Time since;
+  };
+
+  // Immutable after construction.
+  uint64_t id = 0;
+  std::string name;
+  v1::Layout layout;  // Normalized.
+  Fingerprint fingerprint{};
+  uint32_t hash_bytes = 32;
+  uint32_t stored_ranks = 1;  // 1 when replicated, else tp_size.
+  uint64_t page_rows = 0;
+  uint64_t snapshot_rows = 0;
+  uint32_t max_replay_tokens = 0;
+  // Bank bytes (all banks and ranks) and the uid charged for them under
+  // --uid_budget_bytes (charged false: nobody).
+  uint64_t bank_bytes = 0;
+  bool charged = false;
+  uid_t creator_uid = static_cast<uid_t>(-1);
+  // Per stored rank: one segment per page bank (layout order), then the
+  // snapshot segment when hybrid. segment_info mirrors it for Attach.
+  std::vector<std::vector<std::unique_ptr<shm::Segment>>> segments;
+  std::vector<std::vector<v1::Segment>> segment_info;
+
+  absl::Mutex mu;
+  std::unique_ptr<PrefixIndex> index ABSL_GUARDED_BY(mu);
+  // Null without --state_dir. Every change of the index is appended before
+  // the request that made it is answered.
+  std::unique_ptr<NamespaceJournal> journal ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<uint64_t, Reservation> reservations ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<uint64_t, Lease> leases ABSL_GUARDED_BY(mu);
+  // Attached sessions -> their (storage) rank.
+  absl::flat_hash_map<uint64_t, uint32_t> sessions ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<uint64_t, FenceHold> holds ABSL_GUARDED_BY(mu);
+  std::optional<RestartFence> restart_fence ABSL_GUARDED_BY(mu);
+  uint64_t reserved_page_rows ABSL_GUARDED_BY(mu) = 0;
+  uint64_t reserved_snapshot_rows ABSL_GUARDED_BY(mu) = 0;
+  // Lookup counters: unpinned lookups run under the shared lock only.
+  std::atomic<uint64_t> lookups{0};
+  std::atomic<uint64_t> hit_pages{0};
+  std::atomic<uint64_t> miss_pages{0};
+  std::atomic<uint64_t> snapshot_hits{0};
+  // Bumped by every operation that may evict or remove nodes (Reserve,
+  // Drop), so a lookup can tell whether its shared-lock search is stale.
+  uint64_t evict_epoch ABSL_GUARDED_BY(mu) = 0;
+  // Recency updates of unpinned lookups, applied (in order) under the
+  // exclusive lock before anything that evicts or orders by recency, so LRU
+  // decisions see every lookup without lookups taking the exclusive lock.
+  // Lock order: mu, then touch_mu.
+  absl::Mutex touch_mu;
+  std::vector<std::pair<uint32_t, HashKey>> pending_touches
+      ABSL_GUARDED_BY(touch_mu);
+  uint64_t committed_pages ABSL_GUARDED_BY(mu) = 0;
+  uint64_t committed_snapshots ABSL_GUARDED_BY(mu) = 0;
+  uint64_t dropped_pages ABSL_GUARDED_BY(mu) = 0;
+  uint64_t dropped_snapshots ABSL_GUARDED_BY(mu) = 0;
+
+  bool hybrid() const { return layout.snapshot_row_bytes() > 0; }
+  uint32_t StorageRank(uint32_t tp_rank) const {
+    return layout.replicated() ? 0 : tp_rank;
+  }
+  // What the journal records about the namespace: shape and segments, each
+  // with the creation stamp of its header as its content nonce.
+  JournalHeader MakeJournalHeader() const {
+    JournalHeader h;
+    h.name = name;
+    h.layout = layout;
+    h.page_rows = page_rows;
+    h.snapshot_rows = snapshot_rows;
+    h.max_replay_tokens = max_replay_tokens;
+    for (uint32_t r = 0; r < segments.size(); ++r) {
+      for (size_t i = 0; i < segments[r].size(); ++i) {
+        h.segments.push_back({segment_info[r][i].bank(), r,
+                              segments[r][i]->path(),
+                              segments[r][i]->header().created_unix_ns});
+      }
+    }
+    return h;
+  }
+};
+
+}  // namespace kvtier::daemon
+
+#endif  // KVTIER_DAEMON_TIER_NAMESPACE_H_

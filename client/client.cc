@@ -826,7 +826,7 @@ Reservation::Reservation(Reservation&& o) noexcept { *this = std::move(o); }
 
 Reservation& Reservation::operator=(Reservation&& o) noexcept {
   if (this != &o) {
-    if (id_ != 0) (void)Abort();
+    Drop();
     ns_ = std::move(o.ns_);
     id_ = std::exchange(o.id_, 0);
     track_ = std::exchange(o.track_, 0);
@@ -838,7 +838,9 @@ Reservation& Reservation::operator=(Reservation&& o) noexcept {
   return *this;
 }
 
-Reservation::~Reservation() {
+Reservation::~Reservation() { Drop(); }
+
+void Reservation::Drop() {
   if (id_ == 0) return;
   // Dropped without Commit or Abort: where copies into the rows may still be
   // queued (a GPU, a ReferenceStream), they stay fenced until the process

@@ -248,6 +248,9 @@ class Reservation {
 
  private:
   friend class Namespace;
+  // What the destructor (and a move over a live reservation) does: abort,
+  // or fence the rows where copies into them may still be queued.
+  void Drop();
   std::shared_ptr<client::NamespaceState> ns_;
   uint64_t id_ = 0;
   uint64_t track_ = 0;  // client::FenceTracker token.

@@ -98,6 +98,14 @@ ABSL_FLAG(uint32_t, unseen_pid_fence_s, 300,
           "pid namespace): the rows its sessions held stay fenced this many "
           "seconds after its last session closed, unless it reports first "
           "(daemon/fence_registry.h)");
+ABSL_FLAG(uint32_t, max_session_reservations, 4096,
+          "Most open reservations one session may hold in a namespace (0: no "
+          "cap)");
+ABSL_FLAG(uint32_t, max_session_leases, 65536,
+          "Most pinned leases one session may hold in a namespace (0: no cap)");
+ABSL_FLAG(uint64_t, max_session_reserved_rows, 0,
+          "Most rows (page + snapshot) one session may hold reserved in a "
+          "namespace at once (0: no cap)");
 ABSL_FLAG(uint32_t, fence_sweep_ms, 50,
           "How often kvtierd checks whether the holders of fenced rows have "
           "exited (pidfd), freeing their rows");
@@ -248,6 +256,11 @@ int Main(int argc, char** argv) {
     options.state_dir.clear();
   }
   options.journal.fsync = absl::GetFlag(FLAGS_journal_fsync);
+  options.max_session_reservations =
+      absl::GetFlag(FLAGS_max_session_reservations);
+  options.max_session_leases = absl::GetFlag(FLAGS_max_session_leases);
+  options.max_session_reserved_rows =
+      absl::GetFlag(FLAGS_max_session_reserved_rows);
   options.fence.unseen_pid_hold =
       absl::Seconds(absl::GetFlag(FLAGS_unseen_pid_fence_s));
   options.journal.min_compact_bytes =

@@ -193,6 +193,7 @@ void TierCore::CloseSession(uint64_t session_id) {
       ns->leases.erase(cur);
       ++released;
     }
+    ns->use.erase(session_id);
     ns->sessions.erase(session_id);
   }
   SPDLOG_INFO(
@@ -652,6 +653,17 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
   out->snapshot_row = r.has_snapshot ? r.snapshot_row : 0;
   out->lease_id = 0;
   if (pin && r.usable_pages > 0 && r.pin_node != kNoNode) {
+    if (options_.max_session_leases > 0) {
+      auto u = ns.use.find(session_id);
+      if (u != ns.use.end() &&
+          u->second.leases >= options_.max_session_leases) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "pin: this session holds ", u->second.leases,
+            " leases in namespace '", ns.name,
+            "', the most one session may (--max_session_leases); release "
+            "some"));
+      }
+    }
     const uint64_t lease = next_id_.fetch_add(1);
     ns.index->Pin(r.pin_node);
     Namespace::Lease l{session_id, r.pin_node, r.usable_pages};
@@ -662,6 +674,7 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
       l.device_lease = d->lease_id;
     }
     ns.leases[lease] = l;
+    ns.Charge(session_id, 0, 1, 0);
     out->lease_id = lease;
   }
   out->rows = std::move(r.rows);
@@ -717,6 +730,34 @@ absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
     return absl::NotFoundError(
         absl::StrCat("session_id: session ", req.session_id(), " closed"));
   }
+  // Per-session caps, before anything is allocated or evicted.
+  if (auto u = ns.use.find(req.session_id()); u != ns.use.end()) {
+    const Namespace::SessionUse& use = u->second;
+    if (options_.max_session_reservations > 0 &&
+        use.reservations >= options_.max_session_reservations) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "reserve: this session has ", use.reservations,
+          " open reservations in namespace '", ns.name,
+          "', the most one session may (--max_session_reservations)"));
+    }
+    const uint64_t want = uint64_t{req.pages()} + req.snapshots();
+    if (options_.max_session_reserved_rows > 0 &&
+        static_cast<uint64_t>(use.reserved_rows) + want >
+            options_.max_session_reserved_rows) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "reserve: this session has ", use.reserved_rows,
+          " rows reserved in namespace '", ns.name, "' and asks for ", want,
+          " more; one session may hold ", options_.max_session_reserved_rows,
+          " (--max_session_reserved_rows)"));
+    }
+  } else if (options_.max_session_reserved_rows > 0 &&
+             uint64_t{req.pages()} + req.snapshots() >
+                 options_.max_session_reserved_rows) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "reserve: ", uint64_t{req.pages()} + req.snapshots(),
+        " rows exceed what one session may hold reserved, ",
+        options_.max_session_reserved_rows, " (--max_session_reserved_rows)"));
+  }
   ApplyPendingTouches(ns);  // Evictions must see every lookup's recency.
   ++ns.evict_epoch;         // Allocation may evict.
   // All or nothing, and refused before anything is evicted.
@@ -755,6 +796,8 @@ absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
   ns.reserved_snapshot_rows += snaps.size();
   resp->mutable_device_snapshot_rows()->Assign(device_rows.begin(),
                                                device_rows.end());
+  ns.Charge(req.session_id(), 1, 0,
+            static_cast<int64_t>(pages.size() + snaps.size()));
   ns.reservations[id] =
       Namespace::Reservation{req.session_id(),  rank,
                              std::move(pages),  std::move(snaps),
@@ -863,6 +906,7 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
     (void)ns.index->FreeSnapshotRows(rank, r.snapshot_rows);
     ns.reserved_page_rows -= r.page_rows.size();
     ns.reserved_snapshot_rows -= r.snapshot_rows.size();
+    ns.Charge(r.session, -1, 0, -Namespace::Rows(r));
     ns.reservations.erase(it);
     resp->set_committed_device_snapshots(device_placements.size());
     return absl::OkStatus();
@@ -903,6 +947,7 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
       (void)device_tiers_[r.device_pool]->Abort(r.device_rows[i]);
     }
   }
+  ns.Charge(r.session, -1, 0, -Namespace::Rows(r));
   ns.reservations.erase(it);
   resp->set_committed_device_snapshots(device_placements.size());
   if (!journaled.ok()) return journaled;
@@ -1041,6 +1086,7 @@ absl::Status TierCore::Abort(const v1::AbortRequest& req,
   AbortDeviceRows(r.device_pool, r.device_rows);
   ns.reserved_page_rows -= r.page_rows.size();
   ns.reserved_snapshot_rows -= r.snapshot_rows.size();
+  ns.Charge(r.session, -1, 0, -Namespace::Rows(r));
   ns.reservations.erase(it);
   if (!s1.ok()) return absl::InternalError(s1.message());
   if (!s2.ok()) return absl::InternalError(s2.message());
@@ -1066,6 +1112,7 @@ absl::Status TierCore::Release(const v1::ReleaseRequest& req,
     (void)device_tiers_[it->second.device_pool]->Release(
         it->second.device_lease);
   }
+  ns.Charge(it->second.session, 0, -1, 0);
   ns.leases.erase(it);
   if (!s.ok()) return absl::InternalError(s.message());
   return absl::OkStatus();
@@ -1144,6 +1191,7 @@ absl::Status TierCore::Drop(const v1::DropRequest& req,
       }
       ns->leases.clear();
       ns->reservations.clear();
+      ns->use.clear();
       ns->reserved_page_rows = 0;
       ns->reserved_snapshot_rows = 0;
       ++ns->evict_epoch;

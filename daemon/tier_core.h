@@ -91,6 +91,13 @@ struct TierOptions {
   std::vector<DevicePoolExport> device_pools;
   // The fence protocol's policy (daemon/fence_registry.h).
   FenceOptions fence;
+  // Per session and namespace: most open reservations, pinned leases and
+  // rows (page + snapshot) reserved at once; 0: no cap. Past one, Reserve
+  // or the pin is RESOURCE_EXHAUSTED naming the cap, before anything is
+  // allocated or evicted.
+  uint32_t max_session_reservations = 4096;
+  uint32_t max_session_leases = 1u << 16;
+  uint64_t max_session_reserved_rows = 0;
 };
 
 class TierCore {

@@ -18,6 +18,7 @@ uint64_t TierCore::HoldReservationLocked(Namespace& ns, uint64_t id, int kind,
   auto it = ns.reservations.find(id);
   if (it == ns.reservations.end()) return 0;
   Namespace::Reservation& r = it->second;
+  ns.Charge(r.session, -1, 0, -Namespace::Rows(r));
   Namespace::FenceHold h;
   h.kind = static_cast<Namespace::FenceHold::Kind>(kind);
   h.instance = instance;
@@ -42,6 +43,7 @@ uint64_t TierCore::HoldLeaseLocked(Namespace& ns, uint64_t id,
                                    const ProcessKey& origin) {
   auto it = ns.leases.find(id);
   if (it == ns.leases.end()) return 0;
+  ns.Charge(it->second.session, 0, -1, 0);
   Namespace::FenceHold h;
   h.kind = Namespace::FenceHold::Kind::kSessionEnded;
   h.instance = instance;

@@ -109,6 +109,27 @@ struct TierCore::Namespace {
   // Attached sessions -> their (storage) rank.
   absl::flat_hash_map<uint64_t, uint32_t> sessions ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<uint64_t, FenceHold> holds ABSL_GUARDED_BY(mu);
+  // What each session holds here, for the per-session caps
+  // (TierOptions::max_session_*).
+  struct SessionUse {
+    int64_t reservations = 0;
+    int64_t leases = 0;
+    int64_t reserved_rows = 0;  // Page and snapshot rows of reservations.
+  };
+  absl::flat_hash_map<uint64_t, SessionUse> use ABSL_GUARDED_BY(mu);
+  void Charge(uint64_t session, int64_t reservations, int64_t leases,
+              int64_t rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    SessionUse& u = use[session];
+    u.reservations += reservations;
+    u.leases += leases;
+    u.reserved_rows += rows;
+    if (u.reservations <= 0 && u.leases <= 0 && u.reserved_rows <= 0) {
+      use.erase(session);
+    }
+  }
+  static int64_t Rows(const Reservation& r) {
+    return static_cast<int64_t>(r.page_rows.size() + r.snapshot_rows.size());
+  }
   std::optional<RestartFence> restart_fence ABSL_GUARDED_BY(mu);
   uint64_t reserved_page_rows ABSL_GUARDED_BY(mu) = 0;
   uint64_t reserved_snapshot_rows ABSL_GUARDED_BY(mu) = 0;

@@ -106,6 +106,10 @@ ABSL_FLAG(uint32_t, max_session_leases, 65536,
 ABSL_FLAG(uint64_t, max_session_reserved_rows, 0,
           "Most rows (page + snapshot) one session may hold reserved in a "
           "namespace at once (0: no cap)");
+ABSL_FLAG(std::string, corrupt_journal, "refuse",
+          "A namespace journal with a corrupt record before its end: 'refuse' "
+          "keeps the namespace (journal and segments) unrecoverable and "
+          "unserved until an operator drops it; 'empty' reopens it empty");
 ABSL_FLAG(uint32_t, fence_sweep_ms, 50,
           "How often kvtierd checks whether the holders of fenced rows have "
           "exited (pidfd), freeing their rows");
@@ -256,6 +260,13 @@ int Main(int argc, char** argv) {
     options.state_dir.clear();
   }
   options.journal.fsync = absl::GetFlag(FLAGS_journal_fsync);
+  if (const std::string c = absl::GetFlag(FLAGS_corrupt_journal);
+      c == "empty") {
+    options.corrupt_journal_empty = true;
+  } else if (c != "refuse") {
+    SPDLOG_CRITICAL("--corrupt_journal: '{}' is not refuse or empty", c);
+    return 2;
+  }
   options.max_session_reservations =
       absl::GetFlag(FLAGS_max_session_reservations);
   options.max_session_leases = absl::GetFlag(FLAGS_max_session_leases);
@@ -305,10 +316,12 @@ int Main(int argc, char** argv) {
     SPDLOG_INFO(
         "recovered {} namespaces ({} emptied: segments recreated), "
         "{} pages, from {} journal bytes in {} ({} torn, {} "
-        "unreadable) in {}",
+        "unreadable, {} corrupt; {} namespaces unrecoverable) in {}",
         report->namespaces, report->namespaces_emptied, report->pages,
         report->journal_bytes, options.state_dir, report->journals_torn,
-        report->journals_unreadable, absl::FormatDuration(report->elapsed));
+        report->journals_unreadable, report->journals_corrupt,
+        report->namespaces_unrecoverable,
+        absl::FormatDuration(report->elapsed));
   }
   core.StartFenceSweeper(absl::Milliseconds(
       std::max<uint32_t>(1, absl::GetFlag(FLAGS_fence_sweep_ms))));

@@ -215,6 +215,14 @@ TierCore::CreateOrOpenLocked(const std::string& name, const v1::Layout& raw,
         absl::StrCat("tenant_salt: at most ", kMaxTenantSalt, " bytes, got ",
                      tenant_salt.size()));
   }
+  if (auto u = unrecoverable_.find(name);
+      u != unrecoverable_.end() && !recovering_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "namespace '", name, "' could not be recovered (", u->second.reason,
+        "); its journal and segments are kept and nothing is served from it",
+        u->second.corrupt ? "" : " until kvtierd can reopen it",
+        ": an operator may drop it (kvtierctl drop --force ", name, ")"));
+  }
   const v1::Layout layout = NormalizeLayout(raw);
   if (auto it = by_name_.find(name); it != by_name_.end()) {
     const std::string diff =
@@ -1129,6 +1137,9 @@ absl::Status TierCore::Drop(const v1::DropRequest& req,
     absl::MutexLock lock(&mu_);
     auto it = by_name_.find(req.namespace_());
     if (it == by_name_.end()) {
+      if (req.hash().empty() && unrecoverable_.contains(req.namespace_())) {
+        return DropUnrecoverableLocked(req.namespace_());
+      }
       return absl::NotFoundError(
           absl::StrCat("namespace: no namespace '", req.namespace_(), "'"));
     }
@@ -1320,6 +1331,13 @@ absl::Status TierCore::Stats(const v1::StatsRequest& req,
   resp->set_version(KVTIER_VERSION);
   resp->set_uptime_seconds(absl::ToInt64Seconds(absl::Now() - started_));
   resp->set_instances(static_cast<uint32_t>(fence_->instances()));
+  for (const Unrecoverable& u : UnrecoverableNamespaces()) {
+    v1::UnrecoverableNamespace* out = resp->add_unrecoverable();
+    out->set_name(u.name);
+    out->set_reason(u.reason);
+    out->set_corrupt(u.corrupt);
+    out->set_since_unix_ms(absl::ToUnixMillis(u.since));
+  }
   resp->set_unseen_pid_processes(
       static_cast<uint32_t>(fence_->unseen_pid_processes()));
   for (auto& ns : all) FillNamespaceInfo(*ns, resp->add_namespaces());
@@ -1538,151 +1556,6 @@ absl::Status TierCore::JournalLocked(Namespace& ns, absl::Status appended) {
               ns.name, before, ns.journal->bytes(),
               absl::FormatDuration(absl::Now() - start));
   return absl::OkStatus();
-}
-
-absl::StatusOr<TierCore::RecoveryReport> TierCore::Recover() {
-  RecoveryReport report;
-  if (options_.state_dir.empty()) return report;
-  const absl::Time start = absl::Now();
-  const std::string& dir = options_.state_dir;
-  std::error_code ec;
-  // Journals name every cached prefix's hashes: the daemon's eyes only.
-  if (std::filesystem::create_directories(dir, ec)) {
-    ::chmod(dir.c_str(), 0700);
-  }
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("state_dir: cannot create ", dir, ": ", ec.message()));
-  }
-  const std::string lock_path = dir + "/lock";
-  const int lock_fd =
-      ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (lock_fd < 0) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "state_dir: cannot open ", lock_path, ": ", std::strerror(errno)));
-  }
-  if (::flock(lock_fd, LOCK_EX | LOCK_NB) != 0) {
-    ::close(lock_fd);
-    return absl::FailedPreconditionError(
-        absl::StrCat("state_dir: ", dir, " is locked by another kvtierd (",
-                     lock_path, "); give each daemon its own --state_dir"));
-  }
-  state_lock_fd_ = lock_fd;
-  // The processes that held rows before the restart (fence_registry.h).
-  auto waiting = fence_->Recover();
-  if (!waiting.ok()) {
-    SPDLOG_ERROR("recovery: {}", waiting.status().ToString());
-  }
-  const bool fence = waiting.ok() && *waiting > 0;
-  if (fence) {
-    SPDLOG_INFO(
-        "recovery: {} processes that held rows before the restart are "
-        "alive: rows from before it stay fenced until they report or exit",
-        *waiting);
-  }
-  auto names = ListJournals(dir);
-  if (!names.ok()) return names.status();
-  for (const std::string& name : *names) {
-    const std::string path = JournalPath(dir, name);
-    auto contents = ReadJournal(path);
-    if (!contents.ok()) {
-      SPDLOG_ERROR("recovery: {}; removing it", contents.status().ToString());
-      ++report.journals_unreadable;
-      std::filesystem::remove(path, ec);
-      continue;
-    }
-    report.journal_bytes += contents->file_bytes;
-    if (!contents->stopped.empty()) {
-      ++report.journals_torn;
-      SPDLOG_WARN(
-          "recovery: namespace '{}': replay stopped after {} records: "
-          "{} ({} of {} bytes used)",
-          name, contents->records, contents->stopped, contents->valid_bytes,
-          contents->file_bytes);
-    }
-    if (contents->inconsistent != 0) {
-      SPDLOG_WARN(
-          "recovery: namespace '{}': {} commit records disagreed with "
-          "the replayed state and were applied in part",
-          name, contents->inconsistent);
-    }
-    const JournalHeader& h = contents->header;
-    v1::Capacity capacity;
-    capacity.set_page_rows(h.page_rows);
-    capacity.set_snapshot_rows(h.snapshot_rows);
-    capacity.set_max_replay_tokens(h.max_replay_tokens);
-    absl::StatusOr<std::shared_ptr<Namespace>> ns_or;
-    {
-      absl::MutexLock lock(&mu_);
-      bool created = false;
-      recovering_ = true;
-      ns_or = CreateOrOpenLocked(h.name, h.layout, capacity, "", &created);
-      recovering_ = false;
-    }
-    if (!ns_or.ok()) {
-      SPDLOG_ERROR(
-          "recovery: namespace '{}' cannot be reopened ({}); "
-          "forgetting it",
-          name, ns_or.status().ToString());
-      std::filesystem::remove(path, ec);
-      continue;
-    }
-    Namespace& ns = **ns_or;
-    // Vouch for the bytes only when every segment is the one the journal
-    // describes: same path, same creation stamp, and not just recreated.
-    std::string doubt;
-    for (uint32_t r = 0; r < ns.segments.size() && doubt.empty(); ++r) {
-      for (size_t i = 0; i < ns.segments[r].size() && doubt.empty(); ++i) {
-        const shm::Segment& seg = *ns.segments[r][i];
-        const std::string& bank = ns.segment_info[r][i].bank();
-        auto known = std::find_if(h.segments.begin(), h.segments.end(),
-                                  [&](const JournalSegment& j) {
-                                    return j.rank == r && j.bank == bank;
-                                  });
-        if (known == h.segments.end()) {
-          doubt = absl::StrCat("bank '", bank, "' rank ", r,
-                               " is not in the journal");
-        } else if (seg.created()) {
-          doubt = absl::StrCat(seg.path(), " was missing and is recreated");
-        } else if (known->path != seg.path() ||
-                   known->created_unix_ns != seg.header().created_unix_ns) {
-          doubt = absl::StrCat(seg.path(), " is not the segment the journal ",
-                               "describes (recreated since)");
-        }
-      }
-    }
-    absl::MutexLock lock(&ns.mu);
-    if (doubt.empty()) {
-      auto restored = RestoreIndex(*contents, ns.index.get());
-      if (restored.ok()) {
-        report.pages += *restored;
-      } else {
-        doubt = std::string(restored.status().message());
-        ns.index->Clear();
-      }
-    }
-    if (doubt.empty() && fence) InstallRestartFenceLocked(ns, *contents);
-    if (!doubt.empty()) {
-      ++report.namespaces_emptied;
-      SPDLOG_WARN(
-          "recovery: namespace '{}' reopened empty: {}; its {} "
-          "journaled pages are not served",
-          name, doubt, contents->keys.size());
-    }
-    auto journal = NamespaceJournal::Create(path, ns.MakeJournalHeader(),
-                                            *ns.index, options_.journal);
-    if (!journal.ok()) {
-      return absl::Status(journal.status().code(),
-                          absl::StrCat("recovery: namespace '", name,
-                                       "': ", journal.status().message()));
-    }
-    ns.journal = *std::move(journal);
-    ++report.namespaces;
-    SPDLOG_INFO("recovery: namespace '{}': {} pages from {} records", name,
-                ns.index->GetUsage().nodes, contents->records);
-  }
-  report.elapsed = absl::Now() - start;
-  return report;
 }
 
 }  // namespace kvtier::daemon

@@ -91,6 +91,10 @@ struct TierOptions {
   std::vector<DevicePoolExport> device_pools;
   // The fence protocol's policy (daemon/fence_registry.h).
   FenceOptions fence;
+  // A corrupt journal (JournalContents::corrupt): false keeps its
+  // namespace unrecoverable until an operator drops it; true reopens it
+  // empty (kvtierd --corrupt_journal=refuse|empty).
+  bool corrupt_journal_empty = false;
   // Per session and namespace: most open reservations, pinned leases and
   // rows (page + snapshot) reserved at once; 0: no cap. Past one, Reserve
   // or the pin is RESOURCE_EXHAUSTED naming the cap, before anything is
@@ -239,21 +243,41 @@ class TierCore {
     // Of them, reopened empty: a segment was missing or recreated since its
     // journal was written, so their pages cannot be vouched for.
     uint32_t namespaces_emptied = 0;
-    uint32_t journals_unreadable = 0;  // Removed: no usable header.
+    uint32_t journals_unreadable = 0;  // No usable header (kept).
     uint32_t journals_torn = 0;        // Replayed up to a torn record.
-    uint64_t pages = 0;                // Page rows restored (all ranks).
-    uint64_t journal_bytes = 0;        // Read.
+    uint32_t journals_corrupt = 0;     // A bad record before the end.
+    // Kept, journal and segments, and not served: see Unrecoverable.
+    uint32_t namespaces_unrecoverable = 0;
+    uint64_t pages = 0;          // Page rows restored (all ranks).
+    uint64_t journal_bytes = 0;  // Read.
     absl::Duration elapsed;
   };
   // Rebuilds the namespaces recorded in options.state_dir: reopens their
   // segments, checks each segment's content nonce against the journal,
   // replays the journal into the index, and writes a fresh checkpoint.
   // Takes an exclusive lock on the folder for the daemon's lifetime
-  // (FAILED_PRECONDITION when another daemon holds it). A namespace that
-  // cannot be reopened is logged and forgotten; one whose segments were
-  // recreated is reopened empty. REQUIRES: called once, before any session
-  // opens. With no state_dir it does nothing.
+  // (FAILED_PRECONDITION when another daemon holds it). Recovery never
+  // destroys what it cannot reopen: a namespace whose banks cannot be
+  // reopened (a lowered budget, ENOMEM) or whose journal is unreadable or
+  // corrupt (a bad record before the end) keeps its journal and segments
+  // and becomes unrecoverable: nothing is served from it and Attach to its
+  // name is refused until RetryUnrecoverable reopens it (not for corrupt
+  // journals) or an operator drops it; with corrupt_journal_empty a corrupt
+  // one is reopened empty instead. One whose segments were recreated is
+  // reopened empty. Processes recorded before the restart that still live
+  // put up the restart fence (tier_core.h, "fence"). REQUIRES: called once,
+  // before any session opens. With no state_dir it does nothing.
   absl::StatusOr<RecoveryReport> Recover();
+  struct Unrecoverable {
+    std::string name;
+    std::string reason;
+    bool corrupt = false;  // Only an operator's Drop ends it.
+    absl::Time since;
+  };
+  std::vector<Unrecoverable> UnrecoverableNamespaces();
+  // Tries to reopen the unrecoverable namespaces that are not corrupt;
+  // returns how many came back. The sweeper calls it every 10 s.
+  size_t RetryUnrecoverable();
 
   // Counters beside Stats that the metrics exporter reads at scrape time.
   struct NamespaceCounters {
@@ -311,6 +335,15 @@ class TierCore {
   // Returns reserved device slots of pool `pool`.
   void AbortDeviceRows(uint32_t pool, const std::vector<uint32_t>& rows);
 
+  // ---- recovery (tier_recovery.cc) ----
+  // Reopens namespace `name` from its journal. DATA_LOSS: the journal is
+  // unreadable or corrupt; other errors: the banks cannot be reopened.
+  absl::Status RecoverNamespace(const std::string& name,
+                                RecoveryReport* report);
+  // Drop of an unrecoverable namespace: unlinks its segments and journal.
+  absl::Status DropUnrecoverableLocked(const std::string& name)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // ---- the fence (tier_fence.cc); REQUIRES: ns.mu held for *Locked. ----
   void Hook(const char* point) {
     if (test_hook_) test_hook_(point);
@@ -350,6 +383,9 @@ class TierCore {
   // While Recover reopens a namespace, CreateOrOpenLocked writes no journal
   // (the old one is still being read).
   bool recovering_ ABSL_GUARDED_BY(mu_) = false;
+  // Namespaces kept but not served (see Recover).
+  absl::flat_hash_map<std::string, Unrecoverable> unrecoverable_
+      ABSL_GUARDED_BY(mu_);
   int state_lock_fd_ = -1;  // Set by Recover, closed by the destructor.
 
   std::unique_ptr<FenceRegistry> fence_;

@@ -215,6 +215,7 @@ size_t TierCore::SweepFences() {
 
 void TierCore::StartFenceSweeper(absl::Duration period) {
   sweeper_ = std::thread([this, period] {
+    absl::Time retry = absl::Now() + absl::Seconds(10);
     for (;;) {
       {
         absl::MutexLock lock(&sweeper_mu_);
@@ -224,6 +225,10 @@ void TierCore::StartFenceSweeper(absl::Duration period) {
         }
       }
       SweepFences();
+      if (absl::Now() >= retry) {  // Unrecoverable namespaces, now and then.
+        retry = absl::Now() + absl::Seconds(10);
+        RetryUnrecoverable();
+      }
     }
   });
 }

@@ -102,6 +102,31 @@ std::string RenderStatus(const v1::StatsResponse& stats) {
                    Plural(stats.namespaces_size(), "namespace", "namespaces"),
                    ", ", FormatBytes(total), " of banks, ", FormatBytes(used),
                    " cached (", FormatPercent(used, total), ")\n");
+  // The fence: rows kept for engines that may still touch them.
+  uint64_t fenced = 0, holds = 0, waiting = 0;
+  for (const auto& ns : stats.namespaces()) {
+    for (const auto& b : ns.banks()) fenced += b.fenced_rows();
+    holds += ns.fence_holds();
+    waiting = std::max<uint64_t>(waiting, ns.restart_fence_processes());
+  }
+  if (fenced > 0 || holds > 0 || waiting > 0) {
+    absl::StrAppend(&out, "fenced: ", FormatCount(fenced), " rows in ",
+                    Plural(holds, "hold", "holds"));
+    if (waiting > 0) {
+      absl::StrAppend(&out, "; restart fence waiting for ",
+                      Plural(waiting, "process", "processes"),
+                      " from before the restart");
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  for (const auto& u : stats.unrecoverable()) {
+    absl::StrAppend(&out, "UNRECOVERABLE namespace '", u.name(),
+                    "': ", u.reason(),
+                    u.corrupt() ? " (drop it: kvtierctl drop --force "
+                                : " (kvtierd retries; or drop it: kvtierctl "
+                                  "drop --force ",
+                    u.name(), ")\n");
+  }
   if (stats.namespaces_size() == 0) return out;
   absl::StrAppend(&out, "\n", RenderNamespaces(stats.namespaces()), "\n");
   Table t({{"NAMESPACE", kL},
@@ -111,6 +136,7 @@ std::string RenderStatus(const v1::StatsResponse& stats) {
            {"ROWS", kR},
            {"USED", kR},
            {"RESERVED", kR},
+           {"FENCED", kR},
            {"FREE", kR},
            {"USE %", kR},
            {"SIZE", kR},
@@ -121,7 +147,7 @@ std::string RenderStatus(const v1::StatsResponse& stats) {
       t.AddRow({ns.name(), b.bank(), absl::StrCat(b.rank()),
                 FormatBytes(b.row_bytes()), FormatCount(b.rows()),
                 FormatCount(b.used_rows()), FormatCount(b.reserved_rows()),
-                FormatCount(b.free_rows()),
+                FormatCount(b.fenced_rows()), FormatCount(b.free_rows()),
                 FormatPercent(b.used_rows(), b.rows()),
                 FormatBytes(b.rows() * b.row_bytes()),
                 b.huge_pages() ? "2 MiB pages" : "4 KiB pages", b.path()});

@@ -75,8 +75,31 @@ TEST(RenderTest, StatusShowsTheDaemonNamespacesAndBanks) {
   EXPECT_THAT(out, ContainsRegex("llama +llama-3-8b +16 +2 +1,200 +0 +3 "
                                  "+4.7 GiB +2 +900 +100 +90.0%"));
   EXPECT_THAT(out, ContainsRegex("llama +kv +1 +2.0 MiB +4,096 +1,200 +16 "
-                                 "+2,880 +29.3% +8.0 GiB +2 MiB pages "
+                                 "+0 +2,880 +29.3% +8.0 GiB +2 MiB pages "
                                  "+/dev/hugepages/kvtier/kvtier.llama.kv.r1"));
+  EXPECT_THAT(out, Not(HasSubstr("fenced:")));
+}
+
+TEST(RenderTest, StatusShowsTheFenceAndUnrecoverableNamespaces) {
+  v1::StatsResponse stats;
+  stats.set_version("0.1.0");
+  v1::NamespaceInfo ns = SampleNamespace();
+  ns.mutable_banks(0)->set_fenced_rows(64);
+  ns.mutable_banks(0)->set_free_rows(4096 - 1216 - 64);
+  ns.set_fence_holds(2);
+  ns.set_restart_fence_processes(1);
+  *stats.add_namespaces() = ns;
+  v1::UnrecoverableNamespace* u = stats.add_unrecoverable();
+  u->set_name("old");
+  u->set_reason("journal x is corrupt");
+  u->set_corrupt(true);
+  const std::string out = RenderStatus(stats);
+  EXPECT_THAT(out, HasSubstr("fenced: 64 rows in 2 holds; restart fence "
+                             "waiting for 1 process from before the restart"));
+  EXPECT_THAT(out, HasSubstr("UNRECOVERABLE namespace 'old': journal x is "
+                             "corrupt (drop it: kvtierctl drop --force old)"));
+  EXPECT_THAT(out, ContainsRegex("llama +kv +0 +2.0 MiB +4,096 +1,200 +16 "
+                                 "+64 +2,816"));
 }
 
 TEST(RenderTest, StatusWithoutNamespacesIsOneLine) {

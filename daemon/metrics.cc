@@ -198,8 +198,18 @@ std::vector<MetricFamily> MetricsExporter::Impl::Collect() const {
                       "Reservations not yet committed or aborted",
                       MetricType::Gauge);
   Family rows("kvtier_bank_rows",
-              "Rows of a bank by state: used (committed), reserved, free",
+              "Rows of a bank by state: used (committed), reserved, fenced "
+              "(kept for an engine that may still touch them), free",
               MetricType::Gauge);
+  Family holds("kvtier_fence_holds",
+               "Fence holds: rows kept for a live engine that may still "
+               "write or read them (proto: Fence)",
+               MetricType::Gauge);
+  Family restart_waiting(
+      "kvtier_restart_fence_processes",
+      "Processes from before the last restart whose report (or exit) the "
+      "restart fence still waits for",
+      MetricType::Gauge);
   Family row_bytes("kvtier_bank_row_bytes", "Bytes of one row of the bank",
                    MetricType::Gauge);
   for (const v1::NamespaceInfo& ns : stats.namespaces()) {
@@ -232,11 +242,14 @@ std::vector<MetricFamily> MetricsExporter::Impl::Collect() const {
     ns_sessions.Value({L("namespace", name)}, ns.sessions());
     leases.Value({L("namespace", name)}, ns.leases());
     reservations.Value({L("namespace", name)}, ns.reservations());
+    holds.Value({L("namespace", name)}, ns.fence_holds());
+    restart_waiting.Value({L("namespace", name)}, ns.restart_fence_processes());
     for (const v1::BankUsage& b : ns.banks()) {
       const std::string rank = absl::StrCat(b.rank());
       for (const auto& [state, n] :
            {std::pair<const char*, uint64_t>{"used", b.used_rows()},
             {"reserved", b.reserved_rows()},
+            {"fenced", b.fenced_rows()},
             {"free", b.free_rows()}}) {
         rows.Value({L("namespace", name), L("bank", b.bank()), L("rank", rank),
                     L("state", state)},
@@ -247,11 +260,48 @@ std::vector<MetricFamily> MetricsExporter::Impl::Collect() const {
           b.row_bytes());
     }
   }
-  for (Family* f : {&lookups, &pages, &committed, &committed_snaps, &bytes,
-                    &evictions, &index_pages, &index_snaps, &index_prefixes,
-                    &ns_sessions, &leases, &reservations, &rows, &row_bytes}) {
+  for (Family* f :
+       {&lookups, &pages, &committed, &committed_snaps, &bytes, &evictions,
+        &index_pages, &index_snaps, &index_prefixes, &ns_sessions, &leases,
+        &reservations, &holds, &restart_waiting, &rows, &row_bytes}) {
     out.push_back(f->Take());
   }
+  // The fence across namespaces (tier_core.h, "fence").
+  const TierCore::FenceCounters fc = core->GetFenceCounters();
+  Family instances("kvtier_client_instances",
+                   "Client instances (engines) known to the fence",
+                   MetricType::Gauge);
+  instances.Value({}, fc.instances);
+  out.push_back(instances.Take());
+  Family unseen("kvtier_fence_unseen_pid_sessions",
+                "Sessions holding rows whose pid kvtierd cannot see (another "
+                "pid namespace): fenced by --unseen_pid_fence_s",
+                MetricType::Gauge);
+  unseen.Value({}, fc.unseen_pid_sessions);
+  out.push_back(unseen.Take());
+  Family freed("kvtier_fence_holds_released_total",
+               "Fence holds freed, by why: confirmed (the holder said its "
+               "work is done) or gone (every process of its instance exited)",
+               MetricType::Counter);
+  freed.Value({L("why", "confirmed")}, fc.released_confirmed);
+  freed.Value({L("why", "gone")}, fc.released_gone);
+  out.push_back(freed.Take());
+  Family mismatches("kvtier_fence_report_mismatches_total",
+                    "Items reported after a reconnection that matched "
+                    "nothing to fence",
+                    MetricType::Counter);
+  mismatches.Value({}, fc.report_mismatches);
+  out.push_back(mismatches.Take());
+  Family unrecoverable("kvtier_namespaces_unrecoverable",
+                       "Namespaces recovery kept but cannot serve: "
+                       "corrupt=true needs an operator's drop",
+                       MetricType::Gauge);
+  uint32_t corrupt = 0;
+  for (const auto& u : stats.unrecoverable()) corrupt += u.corrupt() ? 1 : 0;
+  unrecoverable.Value({L("corrupt", "true")}, corrupt);
+  unrecoverable.Value({L("corrupt", "false")},
+                      stats.unrecoverable_size() - corrupt);
+  out.push_back(unrecoverable.Take());
 
   // Latency: the (op, transport) pairs that exist.
   static constexpr std::pair<TimedOp, Transport> kPairs[] = {

@@ -115,6 +115,31 @@ TEST_F(MetricsExporterTest, ExportsTheCoresStateAtScrapeTime) {
                    "state=\"reserved\"}"),
             3);
   EXPECT_EQ(Sample("kvtier_reservations{namespace=\"hy\"}"), 1);
+  // A fenced abort of a second reservation: its rows show as fenced.
+  v1::ReserveRequest second = reserve;
+  second.set_pages(2);
+  second.set_snapshots(0);
+  v1::ReserveResponse second_rows;
+  ASSERT_TRUE(core_->Reserve(second, &second_rows).ok());
+  v1::AbortRequest abort;
+  abort.set_session_id(*session);
+  abort.set_namespace_id(attached.namespace_id());
+  abort.set_reservation_id(second_rows.reservation_id());
+  abort.set_fenced(true);
+  v1::AbortResponse aborted;
+  ASSERT_TRUE(core_->Abort(abort, &aborted).ok());
+  EXPECT_EQ(Sample("kvtier_bank_rows{namespace=\"hy\",bank=\"kv\",rank=\"0\","
+                   "state=\"fenced\"}"),
+            2);
+  EXPECT_EQ(Sample("kvtier_fence_holds{namespace=\"hy\"}"), 1);
+  EXPECT_EQ(Sample("kvtier_client_instances"), 1);
+  v1::FenceRequest release;
+  release.set_session_id(*session);
+  release.add_release(aborted.fence_hold());
+  v1::FenceResponse released;
+  ASSERT_TRUE(core_->Fence(release, &released).ok());
+  EXPECT_EQ(Sample("kvtier_fence_holds{namespace=\"hy\"}"), 0);
+  EXPECT_EQ(Sample("kvtier_fence_holds_released_total{why=\"confirmed\"}"), 1);
   const std::string hashes = RandomHashes(3, 1);
   v1::CommitRequest commit;
   commit.set_session_id(*session);

@@ -25,6 +25,7 @@
 #include "gtest/gtest.h"
 #include "kernels/page_copy.h"
 #include "kvtier/pool.h"
+#include "kvtier/reference_stream.h"
 
 #if KVTIER_HAVE_CUDA
 #include <cuda_runtime_api.h>
@@ -280,6 +281,35 @@ TEST(TransferEngine, TwoThousandPagesTakeSixteenSlices) {
   EXPECT_EQ((*engine)->slices_launched(), 18u);
   ASSERT_TRUE((*engine)->Evict({}, {}, nullptr).ok());
   EXPECT_EQ((*engine)->slices_launched(), 18u);
+}
+
+// On a ReferenceStream the copies are queued like kernel launches: nothing
+// lands while the stream is held, everything once it resumes.
+TEST(TransferEngine, ReferenceCopiesQueueOnAReferenceStream) {
+  HostSetup s({{"kv", {{256, 256}}}}, 8, 8);
+  s.FillPoolRandom(5);
+  auto engine = TransferEngine::Create(Backend::kReference, s.pool, s.views,
+                                       std::nullopt);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const HostBankView& bank = s.views[0].second;
+  const std::vector<uint8_t> before(
+      reinterpret_cast<const uint8_t*>(bank.base),
+      reinterpret_cast<const uint8_t*>(bank.base) + 8 * bank.row_stride);
+  ReferenceStream stream;
+  stream.Hold();
+  const std::vector<uint32_t> pages = {0, 1, 2}, rows = {5, 6, 7};
+  ASSERT_TRUE((*engine)->Evict(pages, rows, stream.handle()).ok());
+  EXPECT_EQ(stream.pending(), 1u);
+  EXPECT_EQ(
+      0, std::memcmp(before.data(), reinterpret_cast<const uint8_t*>(bank.base),
+                     before.size()));
+  stream.Resume();
+  stream.Synchronize();
+  for (size_t i = 0; i < pages.size(); ++i) {
+    EXPECT_EQ(0, std::memcmp(reinterpret_cast<const uint8_t*>(bank.base) +
+                                 rows[i] * bank.row_stride,
+                             s.Page(0, pages[i]), 256));
+  }
 }
 
 TEST(TransferEngine, SnapshotSaveAndRestore) {

@@ -1,8 +1,12 @@
 // kvtier_fence_client: an engine-like process for the fence test
-// (tests/fence_test.cc) whose copies are really queued: it moves pages with
-// the reference transfer backend on a kvtier::ReferenceStream that it holds
-// until told to go on (SIGUSR1), so the copies land whenever the test says,
-// across daemon restarts. Namespaces use tests/test_pattern.h's layout with
+// (tests/fence_test.cc) whose copies are really queued: a spin on a flag
+// goes first on its stream, then the copies, and only SIGUSR1 sets the
+// flag, so the copies land whenever the test says, across daemon restarts.
+// $KVTIER_FENCE_BACKEND picks the stream: "reference" (default) moves pages
+// with the reference backend on a kvtier::ReferenceStream whose first item
+// is SpinUntilReference; "cuda" with the CUDA backend on a cudaStream_t
+// whose first kernel is the spin kernel (kernels/spin_wait.h), the pool in
+// device memory. Namespaces use tests/test_pattern.h's layout with
 // CAPACITY page rows; a prefix of seed S is the hash chain of
 // TestTokens(S, PAGES * 16), and page i of bank b holds FillPattern(.., S,
 // i, b). INSTANCE is 32 hex digits: the client instance (fence protocol).
@@ -32,6 +36,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -44,9 +49,16 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/transfer_engine.h"
+#include "kernels/spin_wait.h"
 #include "kvtier/client.h"
 #include "kvtier/reference_stream.h"
 #include "tests/test_pattern.h"
+
+#if KVTIER_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "kernels/spin_wait_launch.h"
+#endif
 
 namespace {
 
@@ -81,32 +93,145 @@ void SleepForever() {
   for (;;) pause();
 }
 
-// The engine's "GPU" pool in host memory: page p of bank b at
-// pool[b] + p * stride, as the reference backend reads it.
-struct Pool {
-  std::vector<std::vector<uint8_t>> banks;
-  std::vector<uint64_t> strides;
-  kvtier::GpuPoolDescriptor descriptor;
-
-  Pool(const kvtier::Namespace& ns, uint32_t pages) {
+// The engine's pool and stream: host memory and a ReferenceStream, or
+// device memory and a CUDA stream. Page p of bank b is at
+// base[b] + p * stride[b] on the pool's side.
+class Pool {
+ public:
+  Pool(const kvtier::Namespace& ns, uint32_t pages, bool cuda)
+      : cuda_(cuda), pages_(pages) {
     descriptor.num_pages = pages;
     for (const auto& bank : ns.page_banks()) {
       const uint64_t stride = (bank.row_bytes + 15) & ~uint64_t{15};
-      banks.emplace_back(stride * pages + 16);
-      strides.push_back(stride);
-      uint8_t* base = banks.back().data();
-      base += (16 - reinterpret_cast<uintptr_t>(base) % 16) % 16;
+      strides_.push_back(stride);
+      row_bytes_.push_back(bank.row_bytes);
+      uint8_t* base = nullptr;
+      if (!cuda_) {
+        host_.emplace_back(stride * pages + 16);
+        base = host_.back().data();
+        base += (16 - reinterpret_cast<uintptr_t>(base) % 16) % 16;
+      } else {
+#if KVTIER_HAVE_CUDA
+        void* p = nullptr;
+        if (cudaMalloc(&p, stride * pages) != cudaSuccess) std::abort();
+        base = static_cast<uint8_t*>(p);
+#endif
+      }
+      bases_.push_back(base);
       descriptor.banks.push_back(
           {bank.name,
            {{reinterpret_cast<uint64_t>(base), stride, bank.row_bytes}}});
     }
+#if KVTIER_HAVE_CUDA
+    if (cuda_) {
+      void* flag = nullptr;
+      void* device_flag = nullptr;
+      if (cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking) !=
+              cudaSuccess ||
+          cudaHostAlloc(&flag, sizeof(uint32_t), cudaHostAllocMapped) !=
+              cudaSuccess ||
+          cudaHostGetDevicePointer(&device_flag, flag, 0) != cudaSuccess) {
+        std::abort();
+      }
+      flag_ = static_cast<volatile uint32_t*>(flag);
+      device_flag_ = static_cast<uint32_t*>(device_flag);
+    }
+#endif
+    if (!cuda_) flag_ = &host_flag_;
   }
-  uint8_t* Page(size_t bank, uint32_t page) {
-    return reinterpret_cast<uint8_t*>(descriptor.banks[bank].tensors[0].base) +
-           uint64_t{page} * strides[bank];
-  }
-};
 
+  kvtier::client::Backend backend() const {
+    return cuda_ ? kvtier::client::Backend::kCuda
+                 : kvtier::client::Backend::kReference;
+  }
+  void* stream() {
+#if KVTIER_HAVE_CUDA
+    if (cuda_) return stream_;
+#endif
+    return reference_.handle();
+  }
+  // Puts the spin first on the stream: what follows waits for Go().
+  void Hold() {
+    *flag_ = 0;
+#if KVTIER_HAVE_CUDA
+    if (cuda_) {
+      if (!kvtier::kernels::LaunchSpinUntil(device_flag_, stream_).ok()) {
+        std::abort();
+      }
+      return;
+    }
+#endif
+    volatile uint32_t* f = flag_;
+    reference_.Enqueue([f] { kvtier::kernels::SpinUntilReference(f); });
+  }
+  // Lets the stream run, and waits until it has.
+  void Go() {
+    *flag_ = 1;
+#if KVTIER_HAVE_CUDA
+    if (cuda_) {
+      cudaStreamSynchronize(stream_);
+      return;
+    }
+#endif
+    reference_.Synchronize();
+  }
+  // Writes seed's pattern into the pool's pages.
+  void Fill(uint64_t seed) {
+    for (size_t b = 0; b < bases_.size(); ++b) {
+      std::vector<uint8_t> page(strides_[b]);
+      for (uint32_t i = 0; i < pages_; ++i) {
+        FillPattern(page.data(), row_bytes_[b], seed, i, b);
+        Put(bases_[b] + uint64_t{i} * strides_[b], page.data(), row_bytes_[b]);
+      }
+    }
+  }
+  // Whether the pool's pages hold seed's pattern.
+  bool Holds(uint64_t seed) {
+    for (size_t b = 0; b < bases_.size(); ++b) {
+      std::vector<uint8_t> page(strides_[b]);
+      for (uint32_t i = 0; i < pages_; ++i) {
+        Get(page.data(), bases_[b] + uint64_t{i} * strides_[b], row_bytes_[b]);
+        if (!CheckPattern(page.data(), row_bytes_[b], seed, i, b)) return false;
+      }
+    }
+    return true;
+  }
+
+  kvtier::GpuPoolDescriptor descriptor;
+
+ private:
+  void Put(uint8_t* dst, const uint8_t* src, uint64_t n) {
+#if KVTIER_HAVE_CUDA
+    if (cuda_) {
+      cudaMemcpy(dst, src, n, cudaMemcpyHostToDevice);
+      return;
+    }
+#endif
+    std::memcpy(dst, src, n);
+  }
+  void Get(uint8_t* dst, const uint8_t* src, uint64_t n) {
+#if KVTIER_HAVE_CUDA
+    if (cuda_) {
+      cudaMemcpy(dst, src, n, cudaMemcpyDeviceToHost);
+      return;
+    }
+#endif
+    std::memcpy(dst, src, n);
+  }
+
+  const bool cuda_;
+  const uint32_t pages_;
+  std::vector<std::vector<uint8_t>> host_;
+  std::vector<uint8_t*> bases_;
+  std::vector<uint64_t> strides_, row_bytes_;
+  kvtier::ReferenceStream reference_;
+  volatile uint32_t host_flag_ = 0;
+  volatile uint32_t* flag_ = nullptr;
+#if KVTIER_HAVE_CUDA
+  cudaStream_t stream_ = nullptr;
+  uint32_t* device_flag_ = nullptr;
+#endif
+};
 struct Engine {
   std::unique_ptr<kvtier::Client> client;
   std::unique_ptr<kvtier::Namespace> ns;
@@ -168,9 +293,14 @@ int main(int argc, char** argv) {
       !s.ok()) {
     return Die("open", s);
   }
-  Pool pool(*e.ns, pages);
-  auto engine = e.ns->CreateTransferEngine(kvtier::client::Backend::kReference,
-                                           pool.descriptor);
+  const char* backend = std::getenv("KVTIER_FENCE_BACKEND");
+  const bool cuda = backend != nullptr && std::string(backend) == "cuda";
+  if (cuda && !KVTIER_HAVE_CUDA) {
+    std::fprintf(stderr, "kvtier_fence_client: built without CUDA\n");
+    return 2;
+  }
+  Pool pool(*e.ns, pages, cuda);
+  auto engine = e.ns->CreateTransferEngine(pool.backend(), pool.descriptor);
   if (!engine.ok()) return Die("transfer engine", engine.status());
   std::vector<uint32_t> gpu_pages(pages);
   for (uint32_t i = 0; i < pages; ++i) gpu_pages[i] = i;
@@ -178,46 +308,37 @@ int main(int argc, char** argv) {
   if (mode == "put") {
     auto r = e.ns->Reserve(pages);
     if (!r.ok()) return Die("reserve", r.status());
-    for (uint32_t i = 0; i < pages; ++i) {
-      for (size_t b = 0; b < pool.banks.size(); ++b) {
-        FillPattern(pool.Page(b, i), e.ns->page_banks()[b].row_bytes, seed, i,
-                    b);
-      }
-    }
+    pool.Fill(seed);
     const std::vector<uint32_t> rows(r->page_rows().begin(),
                                      r->page_rows().end());
-    if (absl::Status s = (*engine)->Evict(gpu_pages, rows, nullptr); !s.ok()) {
+    if (absl::Status s = (*engine)->Evict(gpu_pages, rows, pool.stream());
+        !s.ok()) {
       return Die("evict", s);
     }
+    pool.Go();
     auto c = r->Commit("", e.Hashes(seed));
     if (!c.ok()) return Die("commit", c.status());
     Say(absl::StrCat("COMMITTED ROWS ", Rows(rows)));
     return 0;
   }
 
-  kvtier::ReferenceStream stream;
-  stream.Hold();
   if (mode == "write" && argc == 9) {
     const std::string then = argv[8];
     auto r = e.ns->Reserve(pages);
     if (!r.ok()) return Die("reserve", r.status());
-    for (uint32_t i = 0; i < pages; ++i) {
-      for (size_t b = 0; b < pool.banks.size(); ++b) {
-        FillPattern(pool.Page(b, i), e.ns->page_banks()[b].row_bytes, seed, i,
-                    b);
-      }
-    }
+    pool.Fill(seed);
+    pool.Hold();
     const std::vector<uint32_t> rows(r->page_rows().begin(),
                                      r->page_rows().end());
-    if (absl::Status s = (*engine)->Evict(gpu_pages, rows, stream.handle());
+    if (absl::Status s = (*engine)->Evict(gpu_pages, rows, pool.stream());
         !s.ok()) {
       return Die("evict", s);
     }
     std::future<absl::StatusOr<kvtier::CommitResult>> committed;
     if (then == "commit") {
-      committed = r->CommitAfter(stream.handle(), "", e.Hashes(seed));
+      committed = r->CommitAfter(pool.stream(), "", e.Hashes(seed));
     } else if (then == "abort") {
-      r->AbortAfter(stream.handle());
+      r->AbortAfter(pool.stream());
     } else if (then == "drop") {
       *r = kvtier::Reservation();  // Destroyed with the copy queued.
     } else {
@@ -227,8 +348,7 @@ int main(int argc, char** argv) {
     Say(absl::StrCat("ROWS ", Rows(rows)));
     Say("QUEUED");
     AwaitGo();
-    stream.Resume();
-    stream.Synchronize();
+    pool.Go();
     int code = -1;
     if (committed.valid()) {
       auto result = committed.get();
@@ -255,23 +375,15 @@ int main(int argc, char** argv) {
       rows.push_back(row);
     }
     if (rows.size() != pages) return 2;
-    if (absl::Status s = (*engine)->Rehydrate(gpu_pages, rows, stream.handle());
+    pool.Hold();
+    if (absl::Status s = (*engine)->Rehydrate(gpu_pages, rows, pool.stream());
         !s.ok()) {
       return Die("rehydrate", s);
     }
     Say("QUEUED");
     AwaitGo();
-    stream.Resume();
-    stream.Synchronize();
-    bool intact = true;
-    for (uint32_t i = 0; i < pages; ++i) {
-      for (size_t b = 0; b < pool.banks.size(); ++b) {
-        intact =
-            intact && CheckPattern(pool.Page(b, i),
-                                   e.ns->page_banks()[b].row_bytes, seed, i, b);
-      }
-    }
-    Say(absl::StrCat("READ intact=", intact ? 1 : 0));
+    pool.Go();
+    Say(absl::StrCat("READ intact=", pool.Holds(seed) ? 1 : 0));
     SleepForever();
   }
   std::fprintf(stderr, "kvtier_fence_client: unknown mode %s\n", mode.c_str());

@@ -8,7 +8,13 @@
 // wrote it. Each scenario prints one "FENCE {json}" line with its figures:
 // rows fenced, and how long after the holder confirmed (or died) they were
 // free again. No test asserts a time.
+//
+// Built twice: fence_test, whose engines queue on the reference backend
+// (a ReferenceStream held by a spin), and, with CUDA, tests/gpu's
+// fence_gpu_test (KVTIER_FENCE_CUDA), whose engines queue real CUDA copies
+// behind a spin kernel that waits for the test; it skips without a GPU.
 #include <signal.h>
+#include <stdlib.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -29,6 +35,10 @@
 #include "tests/daemon_probe.h"
 #include "tests/daemon_process.h"
 #include "tests/test_pattern.h"
+
+#ifdef KVTIER_FENCE_CUDA
+#include <cuda_runtime_api.h>
+#endif
 
 namespace kvtier::testing {
 namespace {
@@ -67,6 +77,13 @@ bool Disjoint(absl::Span<const uint32_t> a, absl::Span<const uint32_t> b) {
 class FenceTest : public ::testing::Test {
  protected:
   void SetUp() override {
+#ifdef KVTIER_FENCE_CUDA
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0) {
+      GTEST_SKIP() << "no CUDA device";
+    }
+    setenv("KVTIER_FENCE_BACKEND", "cuda", 1);
+#endif
     ASSERT_TRUE(daemon_.Start({"--fence_sweep_ms=10"}).ok());
     probe_ = std::make_unique<DaemonProbe>(daemon_.socket());
   }
@@ -175,6 +192,11 @@ class FenceTest : public ::testing::Test {
     EXPECT_TRUE(v->ok()) << v->violation();
   }
   static void Report(const std::string& json) {
+#ifdef KVTIER_FENCE_CUDA
+    std::printf("FENCE cuda %s\n", json.c_str());
+    std::fflush(stdout);
+    return;
+#endif
     std::printf("FENCE %s\n", json.c_str());
     std::fflush(stdout);
   }

@@ -79,3 +79,19 @@ if(KVTIER_HAVE_CUDA)
     RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/gpu)
   add_dependencies(mirror_adopt_gpu_test kvtierd kvtier_test_client)
 endif()
+
+# The fence (issue 13) with real CUDA copies queued behind a spin kernel
+# across daemon restarts: tests/fence_test.cc built with KVTIER_FENCE_CUDA.
+if(KVTIER_HAVE_CUDA)
+  kvtier_test(fence_gpu_test
+    SOURCES ${PROJECT_SOURCE_DIR}/tests/fence_test.cc
+      ${PROJECT_SOURCE_DIR}/tests/daemon_probe.cc
+    LIBS kvtier_test_support kvtier_client kvtier_proto CUDA::cudart_static
+    LABELS gpu)
+  target_compile_definitions(fence_gpu_test PRIVATE KVTIER_FENCE_CUDA=1
+    KVTIER_FENCE_CLIENT_PATH="$<TARGET_FILE:kvtier_fence_client>")
+  set_target_properties(fence_gpu_test PROPERTIES
+    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/gpu)
+  add_dependencies(fence_gpu_test kvtierd kvtier_fence_client)
+  set_tests_properties(fence_gpu_test PROPERTIES RUN_SERIAL TRUE)
+endif()

@@ -97,10 +97,11 @@ TEST(KvtierctlTest, ReadsADaemonFilledByClients) {
   EXPECT_THAT(status.out, ContainsRegex("^kvtierd [0-9.]+, up [0-9]+s, [0-9] "
                                         "sessions?, 1 namespace, "));
   // 40 pages of 64 used in each per-page bank.
-  EXPECT_THAT(status.out, ContainsRegex("llama +kv +0 +4.0 KiB +64 +40 +0 +24 "
-                                        "+62.5% +256.0 KiB +4 KiB pages"));
+  // Columns: rank, row size, rows, used, reserved, fenced, free, use %.
+  EXPECT_THAT(status.out, ContainsRegex("llama +kv +0 +4.0 KiB +64 +40 +0 +0 "
+                                        "+24 +62.5% +256.0 KiB +4 KiB pages"));
   EXPECT_THAT(status.out,
-              ContainsRegex("llama +scale +0 +100 B +64 +40 +0 +24 +62.5%"));
+              ContainsRegex("llama +scale +0 +100 B +64 +40 +0 +0 +24 +62.5%"));
   // The namespace: model, 16 tokens per page, 40 pages, 3 prefixes; the
   // verify read 12 hit pages.
   EXPECT_THAT(status.out,

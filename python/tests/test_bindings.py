@@ -6,6 +6,7 @@ lifetimes."""
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -231,6 +232,33 @@ def test_reservation_context_aborts_and_returns_rows(client):
         res.abort()  # idempotent
     with pytest.raises(ValueError, match="closed"):
         res.commit([])
+
+
+def test_stream_ordered_abort_returns_the_rows(client):
+    pool = kvtier.TorchPool({"kv": kv_pool()})
+    ns = attach(client, "abort-after", pool, page_rows=8)
+    res = ns.reserve(8)
+    # No GPU here: an int stream is CUDA's "after what is queued", which on a
+    # host without a device is now.
+    res.abort(stream=1)
+    assert res.closed
+    deadline = time.monotonic() + 30
+    while True:  # the abort runs on libkvtier's worker thread
+        try:
+            ns.reserve(8).abort()
+            break
+        except kvtier.ResourceExhaustedError:
+            assert time.monotonic() < deadline, "rows never came back"
+            time.sleep(0.01)
+
+
+def test_client_instance_must_be_16_bytes(daemon):
+    with pytest.raises(ValueError, match="16 bytes"):
+        kvtier.Client(socket=daemon.socket, instance=b"short")
+    # Two processes' worth of sessions under one instance.
+    with kvtier.Client(socket=daemon.socket, instance=bytes(16)) as a, \
+            kvtier.Client(socket=daemon.socket, instance=bytes(16)) as b:
+        assert a.session_id != b.session_id
 
 
 def test_bad_arguments_raise_and_change_nothing(client):

@@ -89,11 +89,16 @@ def daemon():
         yield d
 
 
-def namespaces(socket: str) -> list[dict]:
-    """`kvtierctl --json namespaces` of the daemon at `socket`."""
+def ctl_json(socket: str, command: str):
+    """`kvtierctl --json COMMAND` of the daemon at `socket`, parsed."""
     ctl = os.environ.get("KVTIERCTL") or os.path.join(
         os.path.dirname(kvtier.find_kvtierd()), "..", "cli", "kvtierctl")
-    out = subprocess.run([ctl, f"--socket={socket}", "--json", "namespaces"],
+    out = subprocess.run([ctl, f"--socket={socket}", "--json", command],
                          check=True, capture_output=True, text=True).stdout
-    data = json.loads(out)
+    return json.loads(out)
+
+
+def namespaces(socket: str) -> list[dict]:
+    """`kvtierctl --json namespaces` of the daemon at `socket`."""
+    data = ctl_json(socket, "namespaces")
     return data["namespaces"] if isinstance(data, dict) else data

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import PROMPT, make_model, namespaces
+from conftest import PROMPT, ctl_json, make_model, namespaces
 
 import kvtier
 
@@ -109,9 +109,19 @@ def test_concurrent_engines_share_the_tier(daemon, start_engine, tmp_path):
         {"op": "wait", "path": b_ready}, gen(prompt), {"op": "touch", "path": stored},
         {"op": "wait", "path": str(tmp_path / "b_done")}]),
         kv_events_endpoint=endpoint))
+    b_generated, checked = str(tmp_path / "b_generated"), str(tmp_path / "checked")
     b = start_engine(script("llama", model, daemon.socket, [
         {"op": "touch", "path": b_ready}, {"op": "wait", "path": stored}, gen(prompt),
+        {"op": "touch", "path": b_generated}, {"op": "wait", "path": checked},
         {"op": "touch", "path": str(tmp_path / "b_done")}]))
+    # Both engines up and attached: each one's scheduler and worker sessions
+    # are one client instance (the fence protocol), so the daemon sees two.
+    deadline = time.monotonic() + 600
+    while not os.path.exists(b_generated) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    instances = ctl_json(daemon.socket, "status").get("instances", 0)
+    open(checked, "w").close()
+    assert instances == 2
     (b_out,) = [r for r in b.results() if r["op"] == "generate"]
     (a_out,) = [r for r in a.results() if r["op"] == "generate"]
     assert a_out["num_cached_tokens"] == 0

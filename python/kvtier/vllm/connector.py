@@ -169,6 +169,17 @@ def identity_of(vllm_config, cache_digest: str = "") -> NamespaceIdentity:
         hash_algo=str(cc.prefix_caching_hash_algo), cache_digest=cache_digest)
 
 
+def instance_of(kv_transfer_config) -> bytes | None:
+    """The client instance (fence protocol) of this engine's processes: 16
+    bytes of a hash of vLLM's engine_id, which the scheduler and its workers
+    share (vLLM draws it once per engine). None without one: each process
+    is then an instance of its own."""
+    engine_id = getattr(kv_transfer_config, "engine_id", None)
+    if not engine_id:
+        return None
+    return hashlib.sha256(b"kvtier-instance\0" + str(engine_id).encode()).digest()[:16]
+
+
 def check_engine(vllm_config) -> None:
     """Refuses configurations the connector cannot serve correctly."""
     cc, pc = vllm_config.cache_config, vllm_config.parallel_config
@@ -237,14 +248,20 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._worker: KvtierWorker | None = None
         self._report: StepReport | None = None  # the worker's, this step
         self._sent_attached: bool | None = None
+        # One client instance for the scheduler and every worker of this
+        # engine (vLLM hands them the same engine_id): the daemon fences
+        # the rows the scheduler leased for as long as any of them may still
+        # read them, daemon restarts included.
+        instance = instance_of(self._kv_transfer_config)
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = KvtierScheduler(self.config, self.ns_name, self.layout,
-                                              self.cache)
+                                              self.cache, instance=instance)
             # A layout the namespace refuses is a start-up error. The worker
             # attached (or not) before the scheduler is built.
             self._scheduler.worker_ready = self._scheduler.link.namespace() is not None
         else:
-            self._worker = KvtierWorker(self.config, self.ns_name, self.layout, self.cache)
+            self._worker = KvtierWorker(self.config, self.ns_name, self.layout, self.cache,
+                                        instance=instance)
         log.info("kvtier: %s connector, namespace %r, %d-token blocks of %d bytes%s",
                  role.name.lower(), self.ns_name, self.cache.block_size,
                  self.cache.row_bytes, ", hybrid" if self.cache.hybrid else "")

@@ -41,13 +41,18 @@ class TierLink:
         populate banks, always gets libkvtier's longer one).
       on_attach: called with the Namespace after each successful attach.
       clock: time source (seconds), for tests.
+      instance: 16 bytes shared by the engine's processes (the fence
+        protocol: the daemon keeps rows the scheduler leased while the
+        worker may still read them, across daemon restarts); None: this
+        process alone.
     """
 
     def __init__(self, config: ConnectorConfig, name: str, layout: Layout,
                  role: str, on_attach: Callable[[Namespace], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 timeout_ms: int | None = None):
+                 timeout_ms: int | None = None, instance: bytes | None = None):
         self.config = config
+        self.instance = instance
         self.name = name
         self.layout = layout
         self.role = role
@@ -76,7 +81,7 @@ class TierLink:
         try:
             client = Client(socket=self.config.socket,
                             name=f"{self.config.client_name}-{self.role}",
-                            timeout_ms=self.timeout_ms)
+                            timeout_ms=self.timeout_ms, instance=self.instance)
         except KvtierError as e:
             if not self._warned:
                 log.warning("kvtier: no daemon at %s (%s); serving without "

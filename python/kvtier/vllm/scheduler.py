@@ -67,11 +67,11 @@ class StoredPages:
 
 class KvtierScheduler:
     def __init__(self, config: ConnectorConfig, name: str, layout,
-                 cache: CacheDescription):
+                 cache: CacheDescription, instance: bytes | None = None):
         self.config = config
         self.cache = cache
         self.bs = cache.block_size
-        self.link = TierLink(config, name, layout, "scheduler")
+        self.link = TierLink(config, name, layout, "scheduler", instance=instance)
         # Whether the worker can copy: no hit is reported while it cannot
         # (its step reports say; the connector sets the first value).
         self.worker_ready = True

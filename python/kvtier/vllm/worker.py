@@ -89,7 +89,8 @@ class KvtierWorker:
       cache: the engine's KV cache description (its layout).
     """
 
-    def __init__(self, config: ConnectorConfig, name: str, layout, cache: CacheDescription):
+    def __init__(self, config: ConnectorConfig, name: str, layout, cache: CacheDescription,
+                 instance: bytes | None = None):
         self.config = config
         self.cache = cache
         self.regions = cache.regions()
@@ -97,7 +98,7 @@ class KvtierWorker:
         # Worker calls (Reserve, Commit) run after the forward pass, not in
         # the scheduler's path: a longer deadline than lookups.
         self.link = TierLink(config, name, layout, "worker", on_attach=self._attached,
-                             timeout_ms=max(config.timeout_ms, 5000))
+                             timeout_ms=max(config.timeout_ms, 5000), instance=instance)
         self.buffer = None
         self._xfer = None
         # (commit, event after its copies, req_id, first page, pages)
@@ -255,11 +256,10 @@ class KvtierWorker:
                 self._report.failed_stores.add(job.req_id)
             finally:
                 if res is not None and not res.closed:
-                    # Copies into the rows may be queued: they must finish
-                    # before the rows can be handed to anyone else.
-                    if stream is not None:
-                        stream.synchronize()
-                    res.abort()
+                    # Copies into the rows may be queued: the rows go back
+                    # once the stream has run them, never before (and stay
+                    # fenced should the daemon restart meanwhile).
+                    res.abort(stream)
         self.stats.store_seconds += time.perf_counter() - t0
 
     def poll(self) -> StepReport:

@@ -284,6 +284,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "kvtier_fence_client: bad number\n");
     return 2;
   }
+  const char* backend = std::getenv("KVTIER_FENCE_BACKEND");
+  const bool cuda = backend != nullptr && std::string(backend) == "cuda";
+  if (cuda && !KVTIER_HAVE_CUDA) {
+    std::fprintf(stderr, "kvtier_fence_client: built without CUDA\n");
+    return 2;
+  }
+  // The spin kernel keeps running while the copies are queued behind it;
+  // CUDA's lazy module loading would load the copy kernels at their first
+  // launch, which waits for running kernels: load them all up front.
+  if (cuda) setenv("CUDA_MODULE_LOADING", "EAGER", 1);
   std::string instance;
   if (argc > 7 && std::strlen(argv[7]) == 32) {
     instance = absl::HexStringToBytes(argv[7]);
@@ -292,12 +302,6 @@ int main(int argc, char** argv) {
   if (absl::Status s = Open(argv[2], argv[3], capacity, pages, instance, &e);
       !s.ok()) {
     return Die("open", s);
-  }
-  const char* backend = std::getenv("KVTIER_FENCE_BACKEND");
-  const bool cuda = backend != nullptr && std::string(backend) == "cuda";
-  if (cuda && !KVTIER_HAVE_CUDA) {
-    std::fprintf(stderr, "kvtier_fence_client: built without CUDA\n");
-    return 2;
   }
   Pool pool(*e.ns, pages, cuda);
   auto engine = e.ns->CreateTransferEngine(pool.backend(), pool.descriptor);

@@ -18,6 +18,7 @@
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/random/random.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -161,6 +162,25 @@ struct Connection {
   std::unique_ptr<Worker> worker = std::make_unique<Worker>();
   // What this process holds, to report after a reconnection.
   FenceTracker tracker;
+  // Callbacks for the end of a session (WatchSessionEnd): token ->
+  // (epoch, callback).
+  absl::Mutex watch_mu;
+  uint64_t next_watch ABSL_GUARDED_BY(watch_mu) = 1;
+  absl::flat_hash_map<uint64_t, std::pair<uint64_t, std::function<void()>>>
+      watches ABSL_GUARDED_BY(watch_mu);
+  // Runs and forgets the callbacks of sessions up to `ended`, under the
+  // lock, so that UnwatchSessionEnd returning means the callback is not
+  // running and never will (callbacks are short: set a flag).
+  void SessionEnded(uint64_t ended) {
+    absl::MutexLock lock(&watch_mu);
+    for (auto it = watches.begin(); it != watches.end();) {
+      auto cur = it++;
+      if (cur->second.first <= ended) {
+        cur->second.second();
+        watches.erase(cur);
+      }
+    }
+  }
   absl::Mutex mu;
   bool stopping ABSL_GUARDED_BY(mu) = false;
   // The open (or opening) session's context, for ~Connection to cancel, and
@@ -677,6 +697,7 @@ void Connection::KeepSession(Session session) {
     // The daemon stopped, died or restarted: everything of this session is
     // void from here on.
     alive = false;
+    SessionEnded(epoch.load());
     CloseFast();
     {
       absl::MutexLock lock(&mu);
@@ -752,6 +773,31 @@ void Connection::ReattachAll(uint64_t session, uint64_t next_epoch) {
       ns->stale_reason = std::string(s.message());
     }
   }
+}
+
+uint64_t WatchSessionEnd(const Reservation& r, std::function<void()> on_end) {
+  if (r.ns_ == nullptr) {
+    on_end();
+    return 0;
+  }
+  Connection& c = *r.ns_->conn;
+  {
+    absl::MutexLock lock(&c.watch_mu);
+    if (r.ns_->Current(r.epoch_)) {
+      const uint64_t token = c.next_watch++;
+      c.watches[token] = {r.epoch_, std::move(on_end)};
+      return token;
+    }
+  }
+  on_end();  // Ended already.
+  return 0;
+}
+
+void UnwatchSessionEnd(const Reservation& r, uint64_t token) {
+  if (r.ns_ == nullptr || token == 0) return;
+  Connection& c = *r.ns_->conn;
+  absl::MutexLock lock(&c.watch_mu);
+  c.watches.erase(token);
 }
 
 }  // namespace client

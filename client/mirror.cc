@@ -39,6 +39,12 @@ struct Mirror::Impl {
   kernels::EnsureState state;
   uint32_t* d_rows = nullptr;  // [L] logical -> row
   unsigned long long* d_store_drops = nullptr;
+  // Set (to 1) once the session that reserved the rows ended: the store
+  // kernel, captured graphs included, then writes nothing (mapped host
+  // memory; the kernel reads it through revoked_device).
+  volatile uint32_t* revoked = nullptr;
+  const uint32_t* revoked_device = nullptr;
+  uint64_t watch = 0;  // client::WatchSessionEnd token.
 #if KVTIER_HAVE_CUDA
   int device = 0;
 #endif
@@ -169,9 +175,27 @@ absl::StatusOr<std::unique_ptr<Mirror>> Mirror::Create(
   auto fail = [&](absl::Status s) {
     cudaFree(impl->d_rows);
     cudaFree(impl->d_store_drops);
+    if (impl->revoked != nullptr) {
+      cudaFreeHost(const_cast<uint32_t*>(impl->revoked));
+    }
     cudaSetDevice(previous);
     return s;
   };
+  {
+    void* flag = nullptr;
+    void* device_flag = nullptr;
+    if (cudaHostAlloc(&flag, sizeof(uint32_t), cudaHostAllocMapped) !=
+            cudaSuccess ||
+        cudaHostGetDevicePointer(&device_flag, flag, 0) != cudaSuccess) {
+      cudaGetLastError();
+      if (flag != nullptr) cudaFreeHost(flag);
+      return fail(
+          absl::ResourceExhaustedError("Mirror: cudaHostAlloc of the flag"));
+    }
+    impl->revoked = static_cast<volatile uint32_t*>(flag);
+    *impl->revoked = 0;
+    impl->revoked_device = static_cast<const uint32_t*>(device_flag);
+  }
   const auto rows = impl->reservation.page_rows();
   if (cudaMalloc(&impl->d_rows, rows.size() * 4) != cudaSuccess ||
       cudaMalloc(&impl->d_store_drops, 8) != cudaSuccess) {
@@ -195,6 +219,12 @@ absl::StatusOr<std::unique_ptr<Mirror>> Mirror::Create(
   h.max_ctas = o.store_ctas;
   h.mirror_rows = impl->d_rows;
   h.drops = impl->d_store_drops;
+  h.revoked = impl->revoked_device;
+  // Mirrors stop storing into rows of a session that ended (the daemon
+  // fences them until this process reports or exits).
+  volatile uint32_t* revoked = impl->revoked;
+  impl->watch =
+      client::WatchSessionEnd(impl->reservation, [revoked] { *revoked = 1; });
   kernels::EnsureCopyHeader& c = impl->copy.header;
   c.max_ctas = o.copy_ctas;
   c.max_items = impl->state.max_entries;
@@ -209,6 +239,13 @@ absl::StatusOr<std::unique_ptr<Mirror>> Mirror::Create(
 Mirror::~Mirror() {
 #if KVTIER_HAVE_CUDA
   if (impl_ == nullptr) return;
+  client::UnwatchSessionEnd(impl_->reservation, impl_->watch);
+  // No launch that uses the mirror is pending (the contract): the rows go
+  // back at once, or their fence hold after a restart is released.
+  (void)impl_->reservation.Abort();
+  if (impl_->revoked != nullptr) {
+    cudaFreeHost(const_cast<uint32_t*>(impl_->revoked));
+  }
   int previous = 0;
   cudaGetDevice(&previous);
   cudaSetDevice(impl_->device);
@@ -217,7 +254,6 @@ Mirror::~Mirror() {
   cudaFree(impl_->d_store_drops);
   cudaSetDevice(previous);
 #endif
-  // ~Reservation aborts the reservation: the rows go back to the daemon.
 }
 
 absl::Span<const uint32_t> Mirror::rows() const {
@@ -228,6 +264,9 @@ const Reservation& Mirror::reservation() const { return impl_->reservation; }
 
 const void* Mirror::ensure_drops() const { return impl_->state.drops; }
 const void* Mirror::store_drops() const { return impl_->d_store_drops; }
+bool Mirror::revoked() const {
+  return impl_->revoked != nullptr && *impl_->revoked != 0;
+}
 
 absl::Status Mirror::Store(const MirrorStoreEntry* entries,
                            const uint32_t* count, void* stream) {

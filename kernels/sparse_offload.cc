@@ -75,6 +75,7 @@ uint32_t MirrorStoreGridSize(const MirrorStoreParams& p) {
 absl::Status RunMirrorStoreReference(const MirrorStoreParams& p) {
   if (absl::Status s = CheckMirrorStoreParams(p); !s.ok()) return s;
   const MirrorStoreHeader& h = p.header;
+  if (h.revoked != nullptr && *h.revoked != 0) return absl::OkStatus();
   const uint32_t count = std::min(*h.count, h.max_entries);
   for (uint32_t i = 0; i < count; ++i) {
     const MirrorEntry e = h.entries[i];

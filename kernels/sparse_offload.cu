@@ -53,6 +53,7 @@ __global__ void __launch_bounds__(kThreadsPerCta)
       (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
   const uint64_t num_warps =
       (static_cast<uint64_t>(gridDim.x) * blockDim.x) >> 5;
+  if (h.revoked != nullptr && *h.revoked != 0) return;  // Session ended.
   uint32_t count = *h.count;
   if (count > h.max_entries) count = h.max_entries;
   const uint64_t units = static_cast<uint64_t>(count) * h.num_segments;

@@ -95,6 +95,11 @@ struct MirrorStoreHeader {
   const uint32_t* count = nullptr;        // entries used this step (clamped)
   const uint32_t* mirror_rows = nullptr;  // [num_logical]: logical -> row
   unsigned long long* drops = nullptr;    // += 1 per malformed entry
+  // Revocation (fence protocol): when set and non-zero, the store writes
+  // nothing — the session that reserved the mirror rows has ended, and a
+  // captured graph replayed later must not touch them. Device-visible
+  // (mapped host memory, written by the host when the session ends).
+  const volatile uint32_t* revoked = nullptr;
 };
 
 struct MirrorStoreParams {
@@ -110,7 +115,8 @@ absl::Status CheckMirrorStoreParams(const MirrorStoreParams& p);
 // CTAs a mirror store launch uses (one warp per entry x segment, capped).
 uint32_t MirrorStoreGridSize(const MirrorStoreParams& p);
 
-// Reference: the mirror store with memcpy. An entry with logical >= L,
+// Reference: the mirror store with memcpy (nothing at all once revoked).
+// An entry with logical >= L,
 // slot >= P, or token >= tokens_per_page (or slot/token < 0 with logical
 // >= 0) is skipped and counted in *drops.
 absl::Status RunMirrorStoreReference(const MirrorStoreParams& p);

@@ -362,5 +362,37 @@ TEST(MirrorStoreReference, PerPageTensorIsCopiedWholeOnAnyToken) {
   EXPECT_EQ(drops, 0u);
 }
 
+TEST(MirrorStoreReference, ARevokedStoreWritesNothing) {
+  std::vector<uint8_t> pool(2 * 112, 7), bank(3 * 112, 0);
+  MirrorStoreParams p;
+  p.segments[0] = {.pool_base = Addr(pool.data()),
+                   .pool_page_stride = 112,
+                   .bank_base = Addr(bank.data()),
+                   .bank_row_stride = 112,
+                   .bytes_per_token = 100,
+                   .per_page = 1};
+  std::vector<uint32_t> rows = {2, 0};
+  MirrorEntry e{.logical = 0, .slot = 1, .token = 0};
+  uint32_t count = 1;
+  unsigned long long drops = 0;
+  volatile uint32_t revoked = 1;
+  p.header = {.num_segments = 1,
+              .tokens_per_page = 16,
+              .max_entries = 1,
+              .num_logical = 2,
+              .num_slots = 2,
+              .max_ctas = 1,
+              .entries = &e,
+              .count = &count,
+              .mirror_rows = rows.data(),
+              .drops = &drops,
+              .revoked = &revoked};
+  ASSERT_TRUE(RunMirrorStoreReference(p).ok());
+  EXPECT_EQ(bank, std::vector<uint8_t>(3 * 112, 0));
+  revoked = 0;  // The same store, not revoked, writes.
+  ASSERT_TRUE(RunMirrorStoreReference(p).ok());
+  EXPECT_EQ(bank[2 * 112], 7);
+}
+
 }  // namespace
 }  // namespace kvtier::kernels

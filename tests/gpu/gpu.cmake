@@ -95,3 +95,15 @@ if(KVTIER_HAVE_CUDA)
   add_dependencies(fence_gpu_test kvtierd kvtier_fence_client)
   set_tests_properties(fence_gpu_test PROPERTIES RUN_SERIAL TRUE)
 endif()
+
+# A mirror whose session ended stores nothing, captured graphs included.
+if(KVTIER_HAVE_CUDA)
+  kvtier_test(mirror_fence_gpu_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/mirror_fence_gpu_test.cc
+      ${PROJECT_SOURCE_DIR}/tests/daemon_probe.cc
+    LIBS kvtier_test_support kvtier_client kvtier_proto CUDA::cudart_static
+    LABELS gpu)
+  set_target_properties(mirror_fence_gpu_test PROPERTIES
+    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/gpu)
+  add_dependencies(mirror_fence_gpu_test kvtierd)
+endif()

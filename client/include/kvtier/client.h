@@ -39,6 +39,7 @@
 #define KVTIER_CLIENT_INCLUDE_KVTIER_CLIENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <future>
 #include <memory>
 #include <optional>
@@ -55,11 +56,19 @@
 
 namespace kvtier {
 
+class Reservation;
+
 namespace client {
 class TransferEngine;
 enum class Backend;
 struct Connection;
 struct NamespaceState;
+// Runs `on_end` (on libkvtier's session thread) once the daemon session
+// that made `r` has ended, or at once if it has; returns a token for
+// UnwatchSessionEnd. Mirrors stop storing into rows of an ended session
+// through it (kvtier/mirror.h). Internal: not exported by libkvtier.so.
+uint64_t WatchSessionEnd(const Reservation& r, std::function<void()> on_end);
+void UnwatchSessionEnd(const Reservation& r, uint64_t token);
 }  // namespace client
 
 // One per-page bank of a namespace (KV codes, scales, ...).
@@ -248,6 +257,9 @@ class Reservation {
 
  private:
   friend class Namespace;
+  friend uint64_t client::WatchSessionEnd(const Reservation& r,
+                                          std::function<void()> on_end);
+  friend void client::UnwatchSessionEnd(const Reservation& r, uint64_t token);
   // What the destructor (and a move over a live reservation) does: abort,
   // or fence the rows where copies into them may still be queued.
   void Drop();

@@ -10,13 +10,17 @@
 //   (*mirror)->Ensure(selected, translated, stream);  // before attention
 //
 // The mirror rows are a reservation of the session (Namespace::Reserve):
-// invisible to lookups, released when the Mirror is destroyed or the session
-// ends. Logical page l lives in row rows()[l] of every page bank, laid out as
-// the pool descriptor's row format (client/include/kvtier/pool.h). Store
-// treats a pool tensor whose bytes_per_page divides by tokens_per_page as
-// token-major (token t's bytes at t * bytes_per_page / tokens_per_page) and
-// copies just the token; any other tensor (per-page side data) is copied
-// whole on every store of one of its page's tokens.
+// invisible to lookups, released when the Mirror is destroyed. When the
+// session ends (the daemon restarted) the mirror is revoked: its store
+// kernel, in captured graphs too, reads a device-visible flag and writes
+// nothing more, and the daemon keeps the rows fenced until this process
+// reports them or exits (the fence protocol). Logical page l lives in row
+// rows()[l] of every page bank, laid out as the pool descriptor's row format
+// (client/include/kvtier/pool.h). Store treats a pool tensor whose
+// bytes_per_page divides by tokens_per_page as token-major (token t's bytes at
+// t * bytes_per_page / tokens_per_page) and copies just the token; any other
+// tensor (per-page side data) is copied whole on every store of one of its
+// page's tokens.
 //
 // Thread-safety: a Mirror is used by one thread and one stream at a time.
 
@@ -91,6 +95,9 @@ class Mirror {
   // (out-of-range pages), entries the store dropped (malformed).
   const void* ensure_drops() const;
   const void* store_drops() const;
+  // True once the session that reserved the rows ended: Store writes
+  // nothing from then on. A new Mirror (new rows) is needed.
+  bool revoked() const;
 
   // Adopts mirrored pages into the prefix index: the daemon copies mirror
   // rows rows()[logical_pages[i]] host-to-host into fresh rows and commits

@@ -193,6 +193,43 @@ TEST_F(TierFenceTest, ASessionEndingWhileItsProcessLivesLeavesHolds) {
   ExpectInvariants();
 }
 
+// A client without the protocol (an older libkvtier: no instance id, no
+// fence version) never reports: what it held stays fenced until it exits,
+// and no other session can release it.
+TEST_F(TierFenceTest, AClientWithoutTheProtocolStaysFencedUntilItExits) {
+  Sleeper engine;
+  v1::Hello hello;
+  hello.set_client_name("old-libkvtier");
+  auto s = core_->OpenSession(hello, PeerInfo{});
+  ASSERT_TRUE(s.ok());
+  PeerInfo p;
+  p.pid = engine.pid();
+  p.uid = getuid();
+  p.gid = getgid();
+  p.verified = true;
+  ASSERT_TRUE(core_->BindPeerCredentials(*s, p).ok());
+  const uint64_t ns = Attach(*s);
+  ASSERT_TRUE(Reserve(*s, ns, 4).ok());
+  core_->CloseSession(*s);
+  EXPECT_EQ(Info().fenced_page_rows(), 4u);
+  // Another session of the same process reports: not the old client's
+  // instance, so nothing of it is freed.
+  const uint64_t other = Open(kInstance, engine.pid());
+  Attach(other);
+  v1::FenceRequest report;
+  report.set_session_id(other);
+  report.set_report_complete(true);
+  v1::FenceResponse resp;
+  ASSERT_TRUE(core_->Fence(report, &resp).ok());
+  EXPECT_EQ(core_->SweepFences(), 0u);
+  EXPECT_EQ(Info().fenced_page_rows(), 4u);
+  engine.Kill();
+  core_->CloseSession(other);
+  EXPECT_EQ(core_->SweepFences(), 1u);
+  EXPECT_EQ(Info().fenced_page_rows(), 0u);
+  ExpectInvariants();
+}
+
 TEST_F(TierFenceTest, AQuiescentGoodbyeFreesAtOnce) {
   Sleeper engine;
   const uint64_t s = Open(kInstance, engine.pid());

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/namespace_layout.h"
+#include "daemon/test_keys.h"
 #include "daemon/tier_core.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -33,23 +34,8 @@ namespace {
 
 using ::testing::HasSubstr;
 
-HashKey Key(uint64_t chain, uint64_t page) {
-  HashKey k;
-  uint64_t x = chain * 0x9e3779b97f4a7c15ull + page * 0xbf58476d1ce4e5b9ull + 1;
-  for (int w = 0; w < 4; ++w) {
-    x ^= x >> 31;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 29;
-    std::memcpy(k.bytes.data() + 8 * w, &x, 8);
-  }
-  return k;
-}
-
-std::vector<HashKey> Chain(uint64_t chain, size_t n, size_t from = 0) {
-  std::vector<HashKey> out;
-  for (size_t i = from; i < from + n; ++i) out.push_back(Key(chain, i));
-  return out;
-}
+using testing::Chain;
+using testing::Key;
 
 struct Shape {
   uint64_t page_rows = 64;

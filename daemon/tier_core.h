@@ -358,9 +358,10 @@ class TierCore {
   // Frees what hold `id` keeps and forgets it.
   void ReleaseHoldLocked(Namespace& ns, uint64_t id);
   // After a restart: claims `outstanding` rows and pins every restored leaf
-  // and snapshot node (Namespace::RestartFence).
-  void InstallRestartFenceLocked(Namespace& ns,
-                                 const JournalContents& contents);
+  // and snapshot node (Namespace::RestartFence). `emptied`: the namespace
+  // was reopened empty; the journaled nodes' rows are claimed too.
+  void InstallRestartFenceLocked(Namespace& ns, const JournalContents& contents,
+                                 bool emptied = false);
   void LiftRestartFenceLocked(Namespace& ns);
   // RESOURCE_EXHAUSTED of an allocation, with what the fence keeps.
   absl::Status ExplainFenceLocked(Namespace& ns, absl::Status refused);

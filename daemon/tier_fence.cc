@@ -80,7 +80,8 @@ void TierCore::ReleaseHoldLocked(Namespace& ns, uint64_t id) {
 }
 
 void TierCore::InstallRestartFenceLocked(Namespace& ns,
-                                         const JournalContents& contents) {
+                                         const JournalContents& contents,
+                                         bool emptied) {
   Namespace::RestartFence f;
   f.since = absl::Now();
   f.page_rows.resize(ns.stored_ranks);
@@ -103,14 +104,31 @@ void TierCore::InstallRestartFenceLocked(Namespace& ns,
     }
   };
   for (uint32_t rank = 0; rank < ns.stored_ranks; ++rank) {
+    std::vector<uint32_t> pages, snaps;
     if (rank < contents.outstanding_page_rows.size()) {
-      claim(false, rank, contents.outstanding_page_rows[rank],
-            &f.page_rows[rank]);
+      pages = contents.outstanding_page_rows[rank];
     }
     if (ns.hybrid() && rank < contents.outstanding_snapshot_rows.size()) {
-      claim(true, rank, contents.outstanding_snapshot_rows[rank],
-            &f.snapshot_rows[rank]);
+      snaps = contents.outstanding_snapshot_rows[rank];
     }
+    // Reopened empty (a segment recreated): the engines' mappings were
+    // remapped onto the new segment, so their queued copies into (and out
+    // of) the journaled rows reach it too. Keep those rows as well.
+    if (emptied && contents.ranks == ns.stored_ranks) {
+      for (size_t i = 0; i < contents.keys.size(); ++i) {
+        const size_t at = i * contents.ranks + rank;
+        if (at < contents.page_rows.size() &&
+            contents.page_rows[at] != kNoRow) {
+          pages.push_back(contents.page_rows[at]);
+        }
+        if (ns.hybrid() && at < contents.snapshot_rows.size() &&
+            contents.snapshot_rows[at] != kNoRow) {
+          snaps.push_back(contents.snapshot_rows[at]);
+        }
+      }
+    }
+    claim(false, rank, pages, &f.page_rows[rank]);
+    if (ns.hybrid()) claim(true, rank, snaps, &f.snapshot_rows[rank]);
   }
   // Every restored row may be under a lease from before: pin the leaves
   // (which keeps their ancestors) and every node holding a snapshot (a pin

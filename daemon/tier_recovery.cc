@@ -168,8 +168,8 @@ absl::Status TierCore::RecoverNamespace(const std::string& name,
       ns.index->Clear();
     }
   }
-  if (doubt.empty() && fence_->restart_waiting() > 0) {
-    InstallRestartFenceLocked(ns, *contents);
+  if (fence_->restart_waiting() > 0) {
+    InstallRestartFenceLocked(ns, *contents, /*emptied=*/!doubt.empty());
   }
   if (!doubt.empty()) {
     ++report->namespaces_emptied;

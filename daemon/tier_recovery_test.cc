@@ -373,6 +373,13 @@ TEST_F(TierCoreRecoveryTest, RecreatedSegmentEmptiesItsNamespaceOnly) {
   b = Attach("lost");
   EXPECT_EQ(Lookup(a, Packed(1, 5)).matched_pages(), 5u);
   EXPECT_EQ(Lookup(b, Packed(1, 5)).matched_pages(), 0u);
+  // Nothing of it is served, but the engine that lived through the restart
+  // had its mapping remapped onto the new bank: the journaled rows stay
+  // fenced until it reports, lest its late copies reach another's rows.
+  EXPECT_EQ(Bank("lost", "kv").fenced_rows(), 5u);
+  EXPECT_EQ(Bank("lost", "kv").free_rows(), 59u);
+  ExpectVerified();
+  ReportNothingHeld();
   EXPECT_EQ(Bank("lost", "kv").free_rows(), 64u);
   ExpectVerified();
   // The emptied namespace journals anew: its next commits survive.

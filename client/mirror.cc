@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/sparse_offload.h"
 #include "kvtier/client.h"
+#include "kvtier/reference_stream.h"
 
 #if KVTIER_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -45,6 +46,12 @@ struct Mirror::Impl {
   volatile uint32_t* revoked = nullptr;
   const uint32_t* revoked_device = nullptr;
   uint64_t watch = 0;  // client::WatchSessionEnd token.
+  // The reference backend's host memory (MirrorOptions::reference).
+  bool reference = false;
+  std::vector<uint32_t> h_rows;
+  unsigned long long h_store_drops = 0;
+  std::vector<uint64_t> h_state;  // EnsureState arrays.
+  volatile uint32_t h_revoked = 0;
 #if KVTIER_HAVE_CUDA
   int device = 0;
 #endif
@@ -152,6 +159,7 @@ absl::StatusOr<std::unique_ptr<Mirror>> Mirror::Create(
       !s.ok()) {
     return s;
   }
+  if (o.reference) return CreateReference(std::move(impl));
 #if !KVTIER_HAVE_CUDA
   (void)stream;
   return absl::FailedPreconditionError(
@@ -236,13 +244,53 @@ absl::StatusOr<std::unique_ptr<Mirror>> Mirror::Create(
 #endif
 }
 
+absl::StatusOr<std::unique_ptr<Mirror>> Mirror::CreateReference(
+    std::unique_ptr<Impl> impl) {
+  const MirrorOptions& o = impl->options;
+  const kernels::EnsureConfig config{.num_slots = o.gpu_slots,
+                                     .num_logical = o.logical_pages,
+                                     .max_batch = o.max_batch,
+                                     .max_selected = o.max_selected};
+  auto res = impl->ns->Reserve(o.logical_pages);
+  if (!res.ok()) return res.status();
+  impl->reservation = *std::move(res);
+  impl->reference = true;
+  impl->h_rows.assign(impl->reservation.page_rows().begin(),
+                      impl->reservation.page_rows().end());
+  impl->h_state.resize((kernels::EnsureStateBytes(config) + 7) / 8 + 2);
+  uint8_t* mem = reinterpret_cast<uint8_t*>(impl->h_state.data());
+  mem += (16 - reinterpret_cast<uintptr_t>(mem) % 16) % 16;
+  impl->state = kernels::LayOutEnsureState(config, mem);
+  kernels::ResetEnsureStateHost(impl->state);
+  impl->revoked = &impl->h_revoked;
+  kernels::MirrorStoreHeader& h = impl->store.header;
+  h.max_entries = o.max_store_entries;
+  h.num_logical = o.logical_pages;
+  h.num_slots = o.gpu_slots;
+  h.max_ctas = o.store_ctas;
+  h.mirror_rows = impl->h_rows.data();
+  h.drops = &impl->h_store_drops;
+  h.revoked = &impl->h_revoked;
+  kernels::EnsureCopyHeader& c = impl->copy.header;
+  c.max_ctas = o.copy_ctas;
+  c.max_items = impl->state.max_entries;
+  c.copy_slot = impl->state.copy_slot;
+  c.copy_row = impl->state.copy_row;
+  c.copy_count = impl->state.copy_count;
+  volatile uint32_t* revoked = impl->revoked;
+  impl->watch =
+      client::WatchSessionEnd(impl->reservation, [revoked] { *revoked = 1; });
+  return std::unique_ptr<Mirror>(new Mirror(std::move(impl)));
+}
+
 Mirror::~Mirror() {
-#if KVTIER_HAVE_CUDA
   if (impl_ == nullptr) return;
   client::UnwatchSessionEnd(impl_->reservation, impl_->watch);
   // No launch that uses the mirror is pending (the contract): the rows go
   // back at once, or their fence hold after a restart is released.
   (void)impl_->reservation.Abort();
+  if (impl_->reference) return;
+#if KVTIER_HAVE_CUDA
   if (impl_->revoked != nullptr) {
     cudaFreeHost(const_cast<uint32_t*>(impl_->revoked));
   }
@@ -263,13 +311,29 @@ absl::Span<const uint32_t> Mirror::rows() const {
 const Reservation& Mirror::reservation() const { return impl_->reservation; }
 
 const void* Mirror::ensure_drops() const { return impl_->state.drops; }
-const void* Mirror::store_drops() const { return impl_->d_store_drops; }
+const void* Mirror::store_drops() const {
+  return impl_->reference ? static_cast<const void*>(&impl_->h_store_drops)
+                          : impl_->d_store_drops;
+}
 bool Mirror::revoked() const {
   return impl_->revoked != nullptr && *impl_->revoked != 0;
 }
 
 absl::Status Mirror::Store(const MirrorStoreEntry* entries,
                            const uint32_t* count, void* stream) {
+  if (impl_->reference) {
+    auto p = std::make_shared<kernels::MirrorStoreParams>(impl_->store);
+    p->header.entries = reinterpret_cast<const kernels::MirrorEntry*>(entries);
+    p->header.count = count;
+    if (absl::Status s = kernels::CheckMirrorStoreParams(*p); !s.ok()) {
+      return s;
+    }
+    if (ReferenceStream* rs = ReferenceStream::FromHandle(stream)) {
+      rs->Enqueue([p] { (void)kernels::RunMirrorStoreReference(*p); });
+      return absl::OkStatus();
+    }
+    return kernels::RunMirrorStoreReference(*p);
+  }
 #if KVTIER_HAVE_CUDA
   kernels::MirrorStoreParams p = impl_->store;
   p.header.entries = reinterpret_cast<const kernels::MirrorEntry*>(entries);
@@ -282,6 +346,25 @@ absl::Status Mirror::Store(const MirrorStoreEntry* entries,
 
 absl::Status Mirror::Ensure(const int32_t* selected, int32_t* translated,
                             void* stream) {
+  if (impl_->reference) {
+    const kernels::EnsurePlanParams plan{.state = impl_->state,
+                                         .selected = selected,
+                                         .translated = translated,
+                                         .mirror_rows = impl_->h_rows.data()};
+    if (absl::Status s = kernels::CheckEnsurePlanParams(plan); !s.ok()) {
+      return s;
+    }
+    auto copy = std::make_shared<kernels::EnsureCopyParams>(impl_->copy);
+    auto run = [plan, copy] {
+      absl::Status s = kernels::RunEnsurePlanReference(plan);
+      return s.ok() ? kernels::RunEnsureCopyReference(*copy) : s;
+    };
+    if (ReferenceStream* rs = ReferenceStream::FromHandle(stream)) {
+      rs->Enqueue([run] { (void)run(); });
+      return absl::OkStatus();
+    }
+    return run();
+  }
 #if KVTIER_HAVE_CUDA
   const kernels::EnsurePlanParams plan{.state = impl_->state,
                                        .selected = selected,

@@ -27,6 +27,13 @@
 //       stream and prints "QUEUED"; on SIGUSR1 resumes, waits and prints
 //       "READ intact=<0|1>" (whether the pages hold SEED's bytes); then
 //       sleeps until killed.
+//   mirror SOCKET NS CAPACITY PAGES SEED INSTANCE
+//       (reference backend only) creates a Mirror of PAGES logical pages
+//       (options.reference) and queues the store of every token of SEED's
+//       pages behind the spin; prints "ROWS ..." (the mirror's rows) and
+//       "QUEUED"; on SIGUSR1 runs the stream and prints "STORED revoked=<0|1>
+//       unchanged=<0|1>" (whether the mirror had been revoked, and whether
+//       its rows kept their bytes); then sleeps until killed.
 //   put    SOCKET NS CAPACITY PAGES SEED
 //       reserves, writes and commits SEED's prefix, prints "COMMITTED
 //       ROWS r,r,...", and exits.
@@ -51,6 +58,7 @@
 #include "client/transfer_engine.h"
 #include "kernels/spin_wait.h"
 #include "kvtier/client.h"
+#include "kvtier/mirror.h"
 #include "kvtier/reference_stream.h"
 #include "tests/test_pattern.h"
 
@@ -359,6 +367,54 @@ int main(int argc, char** argv) {
       code = static_cast<int>(result.status().code());
     }
     Say(absl::StrCat("LANDED ", code));
+    SleepForever();
+  }
+  if (mode == "mirror" && !cuda) {
+    pool.Fill(seed);
+    auto mirror = kvtier::Mirror::Create(*e.ns, pool.descriptor,
+                                         {.logical_pages = pages,
+                                          .gpu_slots = pages,
+                                          .max_batch = 1,
+                                          .max_selected = pages,
+                                          .max_store_entries = pages * 16,
+                                          .reference = true},
+                                         nullptr);
+    if (!mirror.ok()) return Die("mirror", mirror.status());
+    std::vector<kvtier::MirrorStoreEntry> entries;
+    for (uint32_t i = 0; i < pages; ++i) {
+      for (int32_t t = 0; t < 16; ++t) {
+        entries.push_back({.logical = static_cast<int32_t>(i),
+                           .slot = static_cast<int32_t>(i),
+                           .token = t});
+      }
+    }
+    const uint32_t count = static_cast<uint32_t>(entries.size());
+    // The rows' bytes before the store, to tell whether it wrote.
+    std::vector<uint8_t> before;
+    auto rows_bytes = [&] {
+      std::vector<uint8_t> out;
+      for (uint32_t row : (*mirror)->rows()) {
+        for (const auto& bank : e.ns->page_banks()) {
+          const uint8_t* p = bank.base + uint64_t{row} * bank.row_stride;
+          out.insert(out.end(), p, p + bank.row_bytes);
+        }
+      }
+      return out;
+    };
+    before = rows_bytes();
+    pool.Hold();
+    if (absl::Status s =
+            (*mirror)->Store(entries.data(), &count, pool.stream());
+        !s.ok()) {
+      return Die("mirror store", s);
+    }
+    Say(absl::StrCat("ROWS ", Rows((*mirror)->rows())));
+    Say("QUEUED");
+    AwaitGo();
+    const bool revoked = (*mirror)->revoked();
+    pool.Go();
+    Say(absl::StrCat("STORED revoked=", revoked ? 1 : 0,
+                     " unchanged=", rows_bytes() == before ? 1 : 0));
     SleepForever();
   }
   if (mode == "hold") {

@@ -418,5 +418,63 @@ TEST_F(FenceTest, ADroppedReservationStaysFencedUntilItsProcessExits) {
                       absl::ToDoubleMilliseconds(freed), "}"));
 }
 
+// A mirror whose session ended: its store, queued before kvtierd was
+// SIGKILLed and restarted, runs after and writes nothing (the store reads
+// the mirror's revocation flag), and the daemon keeps the mirror's rows
+// fenced until the process exits. (On a GPU, with a captured graph:
+// tests/gpu/mirror_fence_gpu_test.)
+TEST_F(FenceTest, AMirrorWhoseSessionEndedStoresNothing) {
+#ifdef KVTIER_FENCE_CUDA
+  GTEST_SKIP() << "the CUDA mirror scenario is mirror_fence_gpu_test";
+#endif
+  constexpr uint64_t kCapacity = 24;
+  constexpr uint32_t kPages = 8;
+  std::vector<std::string> args = Args("mirror", kCapacity, kPages, 11);
+  args.push_back(kEngineA);
+  Child m = Spawn(args);
+  ASSERT_TRUE(m.WaitForLine("QUEUED", absl::Seconds(30)).ok()) << m.output();
+  const std::vector<uint32_t> rows_m = RowsOf(m.output(), "ROWS ");
+  ASSERT_EQ(rows_m.size(), kPages);
+  Restart();
+  WaitFor("the mirror's report", [](const v1::NamespaceInfo& n) {
+    return n.restart_fence_processes() == 0 && n.fence_holds() == 1;
+  });
+  EXPECT_EQ(Fenced(Info()), kPages);
+  m.Signal(SIGUSR1);
+  ASSERT_TRUE(
+      m.WaitForLine("STORED revoked=1 unchanged=1", absl::Seconds(30)).ok())
+      << m.output();
+  ConnectB(kCapacity);
+  auto r = ns_->Reserve(kCapacity - kPages);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(Disjoint(rows_m, r->page_rows()));
+  ASSERT_TRUE(r->Abort().ok());
+  const absl::Time killed = absl::Now();
+  m.Signal(SIGKILL);
+  WaitFor("the mirror's rows",
+          [](const v1::NamespaceInfo& n) { return Fenced(n) == 0; });
+  const absl::Duration freed = absl::Now() - killed;
+  ExpectVerified();
+  Report(absl::StrCat(
+      R"({"scenario": "mirror-session-ended", )", R"("fenced_rows": )", kPages,
+      R"(, "freed_after_death_ms": )", absl::ToDoubleMilliseconds(freed),
+      R"(, "rows_changed_by_the_late_store": 0})"));
+}
+
+// The control: the same queued store while its session lives writes.
+TEST_F(FenceTest, AMirrorWhoseSessionLivesStores) {
+#ifdef KVTIER_FENCE_CUDA
+  GTEST_SKIP() << "the CUDA mirror scenario is mirror_fence_gpu_test";
+#endif
+  std::vector<std::string> args = Args("mirror", 24, 8, 11);
+  args.push_back(kEngineA);
+  Child m = Spawn(args);
+  ASSERT_TRUE(m.WaitForLine("QUEUED", absl::Seconds(30)).ok()) << m.output();
+  m.Signal(SIGUSR1);
+  ASSERT_TRUE(
+      m.WaitForLine("STORED revoked=0 unchanged=0", absl::Seconds(30)).ok())
+      << m.output();
+}
+
 }  // namespace
 }  // namespace kvtier::testing

@@ -56,6 +56,11 @@ struct MirrorOptions {
   uint32_t max_store_entries = 0;  // entries per Store; > 0
   uint32_t copy_ctas = 32;         // CTAs of the miss copy
   uint32_t store_ctas = 16;        // CTAs of the mirror store
+  // The reference backend (tests without a GPU): the pool's "device
+  // addresses" are host pointers and Store / Ensure run the kernels'
+  // reference implementations, queued on a kvtier::ReferenceStream passed
+  // as the stream, or at once for a null stream. Graph capture is CUDA's.
+  bool reference = false;
 };
 
 class Mirror {
@@ -65,7 +70,8 @@ class Mirror {
   // table and allocates the ensure state on the current device (once).
   // INVALID_ARGUMENT naming the field for a bad option or a pool that does
   // not match the namespace's banks (or max_batch x max_selected >
-  // gpu_slots); FAILED_PRECONDITION without CUDA or unregistered banks;
+  // gpu_slots); FAILED_PRECONDITION without CUDA or unregistered banks
+  // (unless options.reference);
   // Reserve's errors. `stream` (a cudaStream_t) initialises the state.
   static absl::StatusOr<std::unique_ptr<Mirror>> Create(
       Namespace& ns, const GpuPoolDescriptor& pool,
@@ -110,6 +116,9 @@ class Mirror {
  private:
   struct Impl;
   explicit Mirror(std::unique_ptr<Impl> impl);
+  // Create's second half for options.reference.
+  static absl::StatusOr<std::unique_ptr<Mirror>> CreateReference(
+      std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -148,7 +148,8 @@ struct Connection {
   std::string socket;
   absl::Duration timeout;
   std::string client_name;
-  std::string instance_id;  // 16 bytes (fence protocol).
+  std::string instance_id;     // 16 bytes (fence protocol).
+  uint64_t connection_id = 0;  // Random, non-zero, for the whole Client.
   bool fast_lookup = true;
   bool reconnect = true;
   std::shared_ptr<grpc::Channel> channel;
@@ -519,7 +520,9 @@ struct NamespaceState {
   // keeps its rows fenced until this process exits (an earlier session's
   // hold simply stays).
   void ReservationAbandoned(uint64_t epoch, uint64_t id, uint64_t track) {
-    (void)conn->tracker.Remove(track);
+    // Kept in the tracker for good: reported after every reconnection, so
+    // no report ever says this process no longer holds the rows.
+    conn->tracker.Abandon(track);
     if (Current(epoch)) (void)AbortReservation(epoch, id, /*fenced=*/true);
   }
   // Hands a new lease or reservation to the tracker.
@@ -667,6 +670,7 @@ absl::StatusOr<Connection::Session> Connection::OpenSession() {
   hello.mutable_hello()->set_client_name(client_name);
   hello.mutable_hello()->set_pid(static_cast<uint32_t>(getpid()));
   hello.mutable_hello()->set_instance_id(instance_id);
+  hello.mutable_hello()->set_connection_id(connection_id);
   hello.mutable_hello()->set_fence_version(1);
   v1::SessionEvent opened;
   if (!s.stream->Write(hello) || !s.stream->Read(&opened) ||
@@ -745,11 +749,21 @@ void Connection::ReportHeld(uint64_t session, uint64_t next_epoch) {
   req.set_session_id(session);
   req.set_report_complete(true);
   const std::vector<uint64_t> tokens = tracker.Report(next_epoch, &req);
-  v1::FenceResponse resp;
-  grpc::ClientContext ctx;
-  Deadline(&ctx);
-  // A daemon without the fence answers UNIMPLEMENTED: nothing to keep.
-  if (stub->Fence(&ctx, req, &resp).ok()) tracker.SetHolds(tokens, resp);
+  // A daemon without the fence answers UNIMPLEMENTED: nothing to keep. An
+  // unanswered report only keeps the restart fence up until this process
+  // exits (never unsafe): try it a few times.
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    v1::FenceResponse resp;
+    grpc::ClientContext ctx;
+    Deadline(&ctx);
+    const grpc::Status s = stub->Fence(&ctx, req, &resp);
+    if (s.ok()) {
+      tracker.SetHolds(tokens, resp);
+      return;
+    }
+    if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) return;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
 }
 
 void Connection::ReattachAll(uint64_t session, uint64_t next_epoch) {
@@ -1246,6 +1260,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
                      options.instance_id.size()));
   }
   conn->instance_id = options.instance_id;
+  {
+    absl::BitGen gen;
+    do {
+      conn->connection_id = absl::Uniform<uint64_t>(gen);
+    } while (conn->connection_id == 0);
+  }
   if (conn->instance_id.empty()) {
     absl::BitGen gen;
     conn->instance_id.resize(16);

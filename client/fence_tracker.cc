@@ -21,6 +21,12 @@ uint64_t FenceTracker::Remove(uint64_t token) {
   return hold;
 }
 
+void FenceTracker::Abandon(uint64_t token) {
+  absl::MutexLock lock(&mu_);
+  auto it = items_.find(token);
+  if (it != items_.end()) it->second.abandoned = true;
+}
+
 size_t FenceTracker::size() const {
   absl::MutexLock lock(&mu_);
   return items_.size();

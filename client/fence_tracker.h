@@ -35,12 +35,18 @@ class FenceTracker {
     std::vector<uint32_t> snapshot_rows;
     std::string lease_hash;  // Leases: the last usable page's hash.
     uint64_t hold = 0;       // The daemon's hold, once reported.
+    // Given up with copies maybe still queued: reported after every
+    // reconnection and never released, so the daemon keeps the rows fenced
+    // until this process exits.
+    bool abandoned = false;
   };
 
   // Registers an item; returns its token (never 0).
   uint64_t Add(Item item);
   // Forgets the item; returns its hold (0: none, or an unknown token).
   uint64_t Remove(uint64_t token);
+  // Keeps the item for good (Item::abandoned).
+  void Abandon(uint64_t token);
   size_t size() const;
 
   // The items of sessions before `epoch` as a report (filling `request`),

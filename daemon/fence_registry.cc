@@ -1,4 +1,5 @@
-// FenceRegistry: instances and processes that may still touch rows.
+// FenceRegistry: instances, processes and connections that may still touch
+// rows.
 #include "daemon/fence_registry.h"
 
 #include <fcntl.h>
@@ -22,21 +23,22 @@ namespace {
 
 constexpr absl::string_view kLineTag = "kvtier-fence-v1";
 
-// "<tag> <instance hex> <pid> <start ticks> <crc32c of the rest, hex>\n"
-std::string FormatLine(const InstanceKey& instance, const ProcessKey& p) {
-  std::string body =
-      absl::StrCat(kLineTag, " ", absl::BytesToHexString(instance), " ", p.pid,
-                   " ", p.start_ticks);
+// "<tag> <instance hex> <pid> <start ticks> <connection> <crc32c of the
+// rest, hex>\n"
+std::string FormatLine(const InstanceKey& instance, const HolderKey& h) {
+  std::string body = absl::StrCat(
+      kLineTag, " ", absl::BytesToHexString(instance), " ", h.process.pid, " ",
+      h.process.start_ticks, " ", h.connection);
   const uint32_t crc = Crc32c(body.data(), body.size());
   return absl::StrFormat("%s %08x\n", body, crc);
 }
 
-bool ParseLine(absl::string_view line, InstanceKey* instance, ProcessKey* p) {
+bool ParseLine(absl::string_view line, InstanceKey* instance, HolderKey* h) {
   std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
-  if (f.size() != 5 || f[0] != kLineTag) return false;
-  const size_t body = line.size() - f[4].size() - 1;
+  if (f.size() != 6 || f[0] != kLineTag) return false;
+  const size_t body = line.size() - f[5].size() - 1;
   uint32_t crc = 0;
-  if (f[4].size() != 8 || !absl::SimpleHexAtoi(f[4], &crc) ||
+  if (f[5].size() != 8 || !absl::SimpleHexAtoi(f[5], &crc) ||
       crc != Crc32c(line.data(), body)) {
     return false;
   }
@@ -45,14 +47,14 @@ bool ParseLine(absl::string_view line, InstanceKey* instance, ProcessKey* p) {
       f[1].find_first_not_of("0123456789abcdef") != absl::string_view::npos) {
     return false;
   }
-  std::string bytes = absl::HexStringToBytes(f[1]);
   int64_t pid = 0;
   if (!absl::SimpleAtoi(f[2], &pid) || pid < 0 || pid > (1 << 30) ||
-      !absl::SimpleAtoi(f[3], &p->start_ticks)) {
+      !absl::SimpleAtoi(f[3], &h->process.start_ticks) ||
+      !absl::SimpleAtoi(f[4], &h->connection)) {
     return false;
   }
-  p->pid = static_cast<pid_t>(pid);
-  *instance = std::move(bytes);
+  h->process.pid = static_cast<pid_t>(pid);
+  *instance = absl::HexStringToBytes(f[1]);
   return true;
 }
 
@@ -72,47 +74,52 @@ std::string FenceRegistry::Describe(const InstanceKey& instance) {
 absl::StatusOr<size_t> FenceRegistry::Recover() {
   absl::MutexLock lock(&mu_);
   if (path_.empty()) return 0;
-  std::vector<std::pair<InstanceKey, ProcessKey>> recorded;
+  std::vector<std::pair<InstanceKey, HolderKey>> recorded;
   {
     std::ifstream in(path_);
     std::string line;
     size_t bad = 0;
     while (std::getline(in, line)) {
       InstanceKey instance;
-      ProcessKey p;
-      if (ParseLine(line, &instance, &p)) {
-        recorded.emplace_back(std::move(instance), p);
+      HolderKey h;
+      if (ParseLine(line, &instance, &h)) {
+        recorded.emplace_back(std::move(instance), h);
       } else {
         ++bad;
       }
     }
     if (bad > 0) {
       SPDLOG_WARN(
-          "{}: {} unreadable lines skipped (a torn last line is "
-          "what a crash leaves)",
+          "{}: {} unreadable lines skipped (a torn last line is what a "
+          "crash leaves)",
           path_, bad);
     }
   }
   const absl::Time now = absl::Now();
-  for (auto& [instance, p] : recorded) {
-    if (p.pid == 0) {
-      if (waiting_unseen_.contains(instance)) continue;
-      waiting_unseen_[instance] = now + options_.unseen_pid_hold;
+  for (auto& [instance, h] : recorded) {
+    if (h.process.pid == 0) {
+      if (!waiting_unseen_
+               .try_emplace(std::make_pair(instance, h.connection),
+                            now + options_.unseen_pid_hold)
+               .second) {
+        continue;
+      }
       Instance& in = instances_[instance];
       in.unseen = true;
-      in.unseen_recorded = true;
       in.last_close = now;
+      recorded_.insert({instance, h});
       continue;
     }
-    if (processes_.contains(p)) continue;
-    auto watch = ProcessWatch::Open(p.pid, p.start_ticks);
-    if (!watch.ok()) continue;  // Exited while the daemon was down.
-    Process& proc = processes_[p];
-    proc.instance = instance;
-    proc.watch = *std::move(watch);
-    proc.recorded = true;
-    instances_[instance].processes.insert(p);
-    waiting_.insert(p);
+    if (!processes_.contains(h.process)) {
+      auto watch = ProcessWatch::Open(h.process.pid, h.process.start_ticks);
+      if (!watch.ok()) continue;  // Exited while the daemon was down.
+      Process& proc = processes_[h.process];
+      proc.instance = instance;
+      proc.watch = *std::move(watch);
+      instances_[instance].processes.insert(h.process);
+    }
+    recorded_.insert({instance, h});
+    waiting_.insert(h);
   }
   // Rewrite with the live ones only (temporary file, rename).
   const std::string tmp = path_ + ".tmp";
@@ -123,11 +130,11 @@ absl::StatusOr<size_t> FenceRegistry::Recover() {
         absl::StrCat(tmp, ": cannot create: ", std::strerror(errno)));
   }
   std::string all;
-  for (const ProcessKey& p : waiting_) {
-    absl::StrAppend(&all, FormatLine(processes_[p].instance, p));
+  for (const HolderKey& h : waiting_) {
+    absl::StrAppend(&all, FormatLine(processes_[h.process].instance, h));
   }
-  for (const auto& [instance, deadline] : waiting_unseen_) {
-    absl::StrAppend(&all, FormatLine(instance, ProcessKey{}));
+  for (const auto& [key, deadline] : waiting_unseen_) {
+    absl::StrAppend(&all, FormatLine(key.first, HolderKey{{}, key.second}));
   }
   const bool written =
       ::write(fd, all.data(), all.size()) == static_cast<ssize_t>(all.size());
@@ -146,25 +153,26 @@ absl::StatusOr<size_t> FenceRegistry::Recover() {
 }
 
 void FenceRegistry::RecordLocked(const InstanceKey& instance,
-                                 const ProcessKey& process) {
+                                 const HolderKey& holder) {
   if (path_.empty()) return;
   if (fd_ < 0) {
     fd_ =
         ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
   }
-  const std::string line = FormatLine(instance, process);
+  const std::string line = FormatLine(instance, holder);
   if (fd_ < 0 || ::write(fd_, line.data(), line.size()) !=
                      static_cast<ssize_t>(line.size())) {
     SPDLOG_ERROR(
-        "{}: cannot record instance {} pid {}: {}; its fence will "
-        "not survive a daemon restart",
-        path_, Describe(instance), process.pid, std::strerror(errno));
+        "{}: cannot record instance {} pid {}: {}; its fence will not "
+        "survive a daemon restart",
+        path_, Describe(instance), holder.process.pid, std::strerror(errno));
   }
 }
 
 void FenceRegistry::OpenSession(uint64_t session,
                                 const std::string& instance_id,
-                                uint32_t fence_version) {
+                                uint32_t fence_version,
+                                uint64_t connection_id) {
   absl::MutexLock lock(&mu_);
   SessionEntry& e = sessions_[session];
   if (instance_id.empty()) {
@@ -173,6 +181,8 @@ void FenceRegistry::OpenSession(uint64_t session,
   } else {
     e.instance = instance_id;
   }
+  // A client without a connection id is one connection per session.
+  e.holder.connection = connection_id != 0 ? connection_id : session;
   e.fence_version = fence_version;
   ++instances_[e.instance].sessions;
 }
@@ -180,19 +190,18 @@ void FenceRegistry::OpenSession(uint64_t session,
 void FenceRegistry::BindProcess(uint64_t session, pid_t pid) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(session);
-  if (it == sessions_.end() || it->second.process.pid != 0) return;
+  if (it == sessions_.end() || it->second.holder.process.pid != 0) return;
   SessionEntry& e = it->second;
-  Instance& in = instances_[e.instance];
   if (pid <= 0) return;  // Not visible: CloseSession applies the policy.
   auto watch = ProcessWatch::Open(pid);
   if (!watch.ok()) return;  // Gone since connect(2): so is its session.
-  e.process = (*watch)->key();
-  auto [p, inserted] = processes_.try_emplace(e.process);
+  e.holder.process = (*watch)->key();
+  auto [p, inserted] = processes_.try_emplace(e.holder.process);
   if (inserted) {
     p->second.instance = e.instance;
     p->second.watch = *std::move(watch);
   }
-  in.processes.insert(e.process);
+  instances_[e.instance].processes.insert(e.holder.process);
 }
 
 void FenceRegistry::NoteHolder(uint64_t session) {
@@ -200,20 +209,10 @@ void FenceRegistry::NoteHolder(uint64_t session) {
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;
   SessionEntry& e = it->second;
-  e.holder = true;
-  if (e.process.pid != 0) {
-    Process& p = processes_[e.process];
-    if (!p.recorded) {
-      p.recorded = true;
-      RecordLocked(e.instance, e.process);
-    }
-    return;
-  }
-  Instance& in = instances_[e.instance];
-  in.unseen = true;
-  if (!in.unseen_recorded) {
-    in.unseen_recorded = true;
-    RecordLocked(e.instance, ProcessKey{});
+  e.attached = true;
+  if (e.holder.process.pid == 0) instances_[e.instance].unseen = true;
+  if (recorded_.insert({e.instance, e.holder}).second) {
+    RecordLocked(e.instance, e.holder);
   }
 }
 
@@ -234,29 +233,26 @@ FenceRegistry::Closed FenceRegistry::CloseSession(uint64_t session) {
   SessionEntry e = std::move(it->second);
   sessions_.erase(it);
   c.instance = e.instance;
-  c.process = e.process;
+  c.holder = e.holder;
   Instance& in = instances_[e.instance];
   if (in.sessions > 0) --in.sessions;
   in.last_close = absl::Now();
   // A holder never watchable: the unseen-pid policy keeps its instance.
-  if (e.process.pid == 0 && e.holder) in.unseen = true;
-  if (e.quiescent) {
-    c.free_now = true;
-  } else if (e.process.pid != 0) {
-    auto p = processes_.find(e.process);
-    c.free_now = p == processes_.end() || p->second.watch == nullptr ||
-                 p->second.watch->Exited();
-  }
+  if (e.holder.process.pid == 0 && e.attached) in.unseen = true;
+  // Another process of the instance may still read what this session
+  // leased (vLLM's worker, the scheduler's leases): free at once only when
+  // quiescent or when the whole instance is gone.
+  c.free_now = e.quiescent || InstanceGoneLocked(e.instance, absl::Now());
   return c;
 }
 
 bool FenceRegistry::SessionOwner(uint64_t session, InstanceKey* instance,
-                                 ProcessKey* process) const {
+                                 HolderKey* holder) const {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return false;
   if (instance != nullptr) *instance = it->second.instance;
-  if (process != nullptr) *process = it->second.process;
+  if (holder != nullptr) *holder = it->second.holder;
   return true;
 }
 
@@ -271,8 +267,11 @@ void FenceRegistry::ReportComplete(uint64_t session) {
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;
   const SessionEntry& e = it->second;
-  if (e.process.pid != 0) waiting_.erase(e.process);
-  if (e.process.pid == 0) waiting_unseen_.erase(e.instance);
+  if (e.holder.process.pid != 0) {
+    waiting_.erase(e.holder);
+  } else {
+    waiting_unseen_.erase(std::make_pair(e.instance, e.holder.connection));
+  }
 }
 
 bool FenceRegistry::InstanceGoneLocked(const InstanceKey& key,
@@ -308,7 +307,15 @@ bool FenceRegistry::Poll() {
       p.watch.reset();
       changed = true;
     }
-    if (p.watch == nullptr && waiting_.erase(key) > 0) changed = true;
+  }
+  // Holders whose process exited (or is no longer known) are resolved.
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    auto cur = it++;
+    auto p = processes_.find(cur->process);
+    if (p == processes_.end() || p->second.watch == nullptr) {
+      waiting_.erase(cur);
+      changed = true;
+    }
   }
   for (auto it = waiting_unseen_.begin(); it != waiting_unseen_.end();) {
     auto cur = it++;
@@ -336,14 +343,17 @@ std::vector<std::string> FenceRegistry::RestartWaitingNames(
     size_t limit) const {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> out;
-  for (const ProcessKey& k : waiting_) {
+  absl::flat_hash_set<pid_t> pids;
+  for (const HolderKey& k : waiting_) {
     if (out.size() >= limit) break;
-    out.push_back(absl::StrCat("pid ", k.pid));
+    if (pids.insert(k.process.pid).second) {
+      out.push_back(absl::StrCat("pid ", k.process.pid));
+    }
   }
-  for (const auto& [instance, deadline] : waiting_unseen_) {
+  for (const auto& [key, deadline] : waiting_unseen_) {
     if (out.size() >= limit) break;
     out.push_back(
-        absl::StrCat("instance ", Describe(instance), " (pid unseen)"));
+        absl::StrCat("instance ", Describe(key.first), " (pid unseen)"));
   }
   return out;
 }
@@ -362,7 +372,7 @@ size_t FenceRegistry::unseen_pid_processes() const {
   absl::MutexLock lock(&mu_);
   size_t n = 0;
   for (const auto& [id, e] : sessions_) {
-    n += e.process.pid == 0 && e.holder ? 1 : 0;
+    n += e.holder.process.pid == 0 && e.attached ? 1 : 0;
   }
   return n;
 }

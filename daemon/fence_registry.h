@@ -51,6 +51,20 @@ using InstanceKey = std::string;
 
 inline constexpr size_t kInstanceIdBytes = 16;
 
+// Who held rows: a process (pid 0: not visible) and the client connection
+// in it (Hello.connection_id), which reports for itself.
+struct HolderKey {
+  ProcessKey process;
+  uint64_t connection = 0;
+  bool operator==(const HolderKey& o) const {
+    return process == o.process && connection == o.connection;
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const HolderKey& k) {
+    return H::combine(std::move(h), k.process, k.connection);
+  }
+};
+
 struct FenceOptions {
   // See the file comment: how long an instance whose processes the daemon
   // cannot watch stays alive after its last session closed.
@@ -76,7 +90,7 @@ class FenceRegistry {
   // A session opened. `instance_id`: Hello.instance_id (empty or 16 bytes,
   // checked by the caller).
   void OpenSession(uint64_t session, const std::string& instance_id,
-                   uint32_t fence_version);
+                   uint32_t fence_version, uint64_t connection_id = 0);
   // The session's credentials were bound: pid 0 means not visible.
   void BindProcess(uint64_t session, pid_t pid);
   // The session is about to hold rows (it attached): records its process,
@@ -87,21 +101,21 @@ class FenceRegistry {
 
   struct Closed {
     InstanceKey instance;
-    // Quiescent, or its process is known and has exited: what the session
-    // held may be handed out at once.
+    // Quiescent, or its instance is gone (no other session, every process
+    // exited): what the session held may be handed out at once.
     bool free_now = false;
-    ProcessKey process;  // pid 0 when not visible.
+    HolderKey holder;  // pid 0 when not visible.
   };
   // Forgets the session. Unknown sessions: free_now and an empty instance.
   Closed CloseSession(uint64_t session);
 
-  // The instance and process of an open session (false when unknown).
+  // The instance and holder of an open session (false when unknown).
   bool SessionOwner(uint64_t session, InstanceKey* instance,
-                    ProcessKey* process) const;
+                    HolderKey* holder) const;
   // Whether the session speaks the fence protocol (Hello.fence_version).
   uint32_t FenceVersion(uint64_t session) const;
-  // The session's process reported everything it holds: it leaves the
-  // restart fence's waiting set (and so does its instance when unseen).
+  // The session's connection reported everything it holds: it leaves the
+  // restart fence's waiting set.
   void ReportComplete(uint64_t session);
 
   // True when nothing of `instance` can touch rows any more (see the file
@@ -125,28 +139,26 @@ class FenceRegistry {
   struct Process {
     InstanceKey instance;
     std::unique_ptr<ProcessWatch> watch;  // Null once exited.
-    bool recorded = false;
   };
   struct Instance {
     uint32_t sessions = 0;
     absl::flat_hash_set<ProcessKey> processes;
     bool unseen = false;  // A session of it had no visible pid.
-    bool unseen_recorded = false;
     absl::Time last_close = absl::InfinitePast();
   };
   struct SessionEntry {
     InstanceKey instance;
     uint32_t fence_version = 0;
-    ProcessKey process;  // pid 0 until bound (or not visible).
+    HolderKey holder;  // pid 0 until bound (or not visible).
     bool quiescent = false;
-    bool holder = false;  // Attached: may hold rows (NoteHolder).
+    bool attached = false;  // May hold rows (NoteHolder).
   };
 
   bool InstanceGoneLocked(const InstanceKey& key, absl::Time now) const
       ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // Appends one line to the file (best effort: a failure is logged; the
-  // fence then cannot survive a restart for that process).
-  void RecordLocked(const InstanceKey& instance, const ProcessKey& process)
+  // fence then cannot survive a restart for that holder).
+  void RecordLocked(const InstanceKey& instance, const HolderKey& holder)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const std::string path_;
@@ -157,10 +169,14 @@ class FenceRegistry {
   absl::flat_hash_map<uint64_t, SessionEntry> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<ProcessKey, Process> processes_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<InstanceKey, Instance> instances_ ABSL_GUARDED_BY(mu_);
-  // The restart fence's waiting set.
-  absl::flat_hash_set<ProcessKey> waiting_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<InstanceKey, absl::Time> waiting_unseen_
-      ABSL_GUARDED_BY(mu_);  // Instance -> give-up time.
+  // Holders recorded in the file already.
+  absl::flat_hash_set<std::pair<InstanceKey, HolderKey>> recorded_
+      ABSL_GUARDED_BY(mu_);
+  // The restart fence's waiting set: holders with a visible process...
+  absl::flat_hash_set<HolderKey> waiting_ ABSL_GUARDED_BY(mu_);
+  // ...and unseen ones, by instance and connection, with a give-up time.
+  absl::flat_hash_map<std::pair<InstanceKey, uint64_t>, absl::Time>
+      waiting_unseen_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace kvtier::daemon

@@ -127,7 +127,8 @@ absl::StatusOr<uint64_t> TierCore::OpenSession(const v1::Hello& hello,
   s.peer = peer;
   s.opened = absl::Now();
   s.fence_version = hello.fence_version();
-  fence_->OpenSession(id, hello.instance_id(), hello.fence_version());
+  fence_->OpenSession(id, hello.instance_id(), hello.fence_version(),
+                      hello.connection_id());
   SPDLOG_INFO("session {:016x} opened: client '{}' pid {}", id, s.client_name,
               peer.pid);
   return id;
@@ -163,10 +164,10 @@ void TierCore::CloseSession(uint64_t session_id) {
         HoldReservationLocked(
             *ns, id,
             static_cast<int>(Namespace::FenceHold::Kind::kSessionEnded),
-            closed.instance, closed.process);
+            closed.instance, closed.holder);
       }
       for (uint64_t id : leases) {
-        HoldLeaseLocked(*ns, id, closed.instance, closed.process);
+        HoldLeaseLocked(*ns, id, closed.instance, closed.holder);
       }
       fenced += res.size() + leases.size();
     }
@@ -1080,12 +1081,17 @@ absl::Status TierCore::Abort(const v1::AbortRequest& req,
   }
   if (req.fenced()) {
     InstanceKey instance;
-    ProcessKey process;
-    fence_->SessionOwner(req.session_id(), &instance, &process);
+    HolderKey holder;
+    // A session closing meanwhile fences the reservation itself, with its
+    // owner: leave it to CloseSession.
+    if (!fence_->SessionOwner(req.session_id(), &instance, &holder)) {
+      return absl::NotFoundError(
+          absl::StrCat("session_id: session ", req.session_id(), " closed"));
+    }
     resp->set_fence_hold(HoldReservationLocked(
         ns, req.reservation_id(),
         static_cast<int>(Namespace::FenceHold::Kind::kAbandoned), instance,
-        process));
+        holder));
     return absl::OkStatus();
   }
   auto& r = it->second;
@@ -1187,11 +1193,12 @@ absl::Status TierCore::Drop(const v1::DropRequest& req,
         AbortDeviceRows(r.device_pool, r.device_rows);
       }
       // The segments are unlinked: whatever a fenced engine still writes
-      // lands in files nobody maps again.
+      // lands in files nobody maps again. Device-pool slots are shared by
+      // every namespace: they stay fenced until the holder is gone.
       for (const auto& [id, h] : ns->holds) {
-        AbortDeviceRows(h.device_pool, h.device_rows);
-        if (h.device_lease != 0) {
-          (void)device_tiers_[h.device_pool]->Release(h.device_lease);
+        if (!h.device_rows.empty() || h.device_lease != 0) {
+          orphaned_device_.push_back(
+              {h.instance, h.device_pool, h.device_rows, h.device_lease});
         }
       }
       live_holds_.fetch_sub(ns->holds.size());

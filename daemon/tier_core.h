@@ -351,10 +351,10 @@ class TierCore {
   // Moves reservation `id` of ns into a new hold of `kind`; returns its id.
   uint64_t HoldReservationLocked(Namespace& ns, uint64_t id, int kind,
                                  const InstanceKey& instance,
-                                 const ProcessKey& origin);
+                                 const HolderKey& origin);
   uint64_t HoldLeaseLocked(Namespace& ns, uint64_t id,
                            const InstanceKey& instance,
-                           const ProcessKey& origin);
+                           const HolderKey& origin);
   // Frees what hold `id` keeps and forgets it.
   void ReleaseHoldLocked(Namespace& ns, uint64_t id);
   // After a restart: claims `outstanding` rows and pins every restored leaf
@@ -390,6 +390,15 @@ class TierCore {
   int state_lock_fd_ = -1;  // Set by Recover, closed by the destructor.
 
   std::unique_ptr<FenceRegistry> fence_;
+  // Device-pool slots of fence holds whose namespace was dropped: freed
+  // once their instance is gone (SweepFences).
+  struct OrphanedDevice {
+    InstanceKey instance;
+    uint32_t pool = 0;
+    std::vector<uint32_t> rows;
+    uint64_t lease = 0;
+  };
+  std::vector<OrphanedDevice> orphaned_device_ ABSL_GUARDED_BY(mu_);
   std::function<void(const char*)> test_hook_;
   // Holds and restart fences over all namespaces: the sweep skips the
   // namespaces while both are zero.

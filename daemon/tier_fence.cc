@@ -14,7 +14,7 @@ namespace kvtier::daemon {
 
 uint64_t TierCore::HoldReservationLocked(Namespace& ns, uint64_t id, int kind,
                                          const InstanceKey& instance,
-                                         const ProcessKey& origin) {
+                                         const HolderKey& origin) {
   auto it = ns.reservations.find(id);
   if (it == ns.reservations.end()) return 0;
   Namespace::Reservation& r = it->second;
@@ -40,7 +40,7 @@ uint64_t TierCore::HoldReservationLocked(Namespace& ns, uint64_t id, int kind,
 
 uint64_t TierCore::HoldLeaseLocked(Namespace& ns, uint64_t id,
                                    const InstanceKey& instance,
-                                   const ProcessKey& origin) {
+                                   const HolderKey& origin) {
   auto it = ns.leases.find(id);
   if (it == ns.leases.end()) return 0;
   ns.Charge(it->second.session, 0, -1, 0);
@@ -113,8 +113,16 @@ void TierCore::InstallRestartFenceLocked(Namespace& ns,
     }
     // Reopened empty (a segment recreated): the engines' mappings were
     // remapped onto the new segment, so their queued copies into (and out
-    // of) the journaled rows reach it too. Keep those rows as well.
-    if (emptied && contents.ranks == ns.stored_ranks) {
+    // of) the journaled rows reach it too. Keep those rows as well; after a
+    // corrupt record, what follows it is unknown: keep every row.
+    if (emptied && contents.corrupt) {
+      pages.clear();
+      snaps.clear();
+      for (uint32_t r = 0; r < ns.page_rows; ++r) pages.push_back(r);
+      if (ns.hybrid()) {
+        for (uint32_t r = 0; r < ns.snapshot_rows; ++r) snaps.push_back(r);
+      }
+    } else if (emptied && contents.ranks == ns.stored_ranks) {
       for (size_t i = 0; i < contents.keys.size(); ++i) {
         const size_t at = i * contents.ranks + rank;
         if (at < contents.page_rows.size() &&
@@ -208,6 +216,18 @@ void TierCore::SessionGoodbye(uint64_t session_id, bool quiescent) {
 
 size_t TierCore::SweepFences() {
   const bool changed = fence_->Poll();
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = orphaned_device_.begin(); it != orphaned_device_.end();) {
+      if (!fence_->InstanceGone(it->instance)) {
+        ++it;
+        continue;
+      }
+      AbortDeviceRows(it->pool, it->rows);
+      if (it->lease != 0) (void)device_tiers_[it->pool]->Release(it->lease);
+      it = orphaned_device_.erase(it);
+    }
+  }
   if (live_holds_.load() == 0 && restart_fences_.load() == 0) return 0;
   (void)changed;
   std::vector<std::shared_ptr<Namespace>> all;
@@ -259,7 +279,7 @@ absl::Status TierCore::Fence(const v1::FenceRequest& req,
                      ", request has ", req.api_version()));
   }
   InstanceKey instance;
-  ProcessKey process;
+  HolderKey process;
   if (!SessionOpen(req.session_id()) ||
       !fence_->SessionOwner(req.session_id(), &instance, &process)) {
     return absl::NotFoundError(
@@ -271,13 +291,20 @@ absl::Status TierCore::Fence(const v1::FenceRequest& req,
     HashKey lease_key;
   };
   std::vector<Item> items(req.report_size());
+  bool unresolved = false;
   {
     absl::ReaderMutexLock lock(&mu_);
     for (int i = 0; i < req.report_size(); ++i) {
       const v1::FenceItem& it = req.report(i);
       const std::string field = absl::StrCat("report[", i, "]");
       auto found = by_name_.find(it.namespace_());
-      if (found == by_name_.end()) continue;
+      if (found == by_name_.end()) {
+        // Kept but not open (unrecoverable): this connection's rows there
+        // cannot be fenced now, so it is not done reporting — the restart
+        // fence keeps waiting for it until it exits.
+        if (unrecoverable_.contains(it.namespace_())) unresolved = true;
+        continue;
+      }
       Namespace& ns = *found->second;
       if (it.tp_rank() >= ns.layout.tp_size()) {
         return absl::InvalidArgumentError(absl::StrCat(
@@ -420,7 +447,10 @@ absl::Status TierCore::Fence(const v1::FenceRequest& req,
       absl::MutexLock lock(&ns->mu);
       std::vector<uint64_t> drop;
       for (const auto& [id, h] : ns->holds) {
-        if (h.kind == Namespace::FenceHold::Kind::kSessionEnded &&
+        // The client re-reports everything it still holds: an earlier
+        // session's hold (reported before or not) that this report left
+        // out is not held. Abandoned reservations are kept until exit.
+        if (h.kind != Namespace::FenceHold::Kind::kAbandoned &&
             h.instance == instance && h.origin == process &&
             !kept.contains(id)) {
           drop.push_back(id);
@@ -430,7 +460,7 @@ absl::Status TierCore::Fence(const v1::FenceRequest& req,
       freed += drop.size();
     }
     released_confirmed_.fetch_add(freed);
-    fence_->ReportComplete(req.session_id());
+    if (!unresolved) fence_->ReportComplete(req.session_id());
     SweepFences();
   }
   return absl::OkStatus();

@@ -84,12 +84,15 @@ class TierFenceTest : public ::testing::Test {
   void Start() { core_ = std::make_unique<TierCore>(options_); }
 
   // A session of instance `instance` (16 bytes; empty: its own), bound to
-  // process `pid` when > 0.
-  uint64_t Open(const std::string& instance = "", pid_t pid = 0) {
+  // process `pid` when > 0, from client connection `connection` (the same
+  // one after a reconnection).
+  uint64_t Open(const std::string& instance = "", pid_t pid = 0,
+                uint64_t connection = 7) {
     v1::Hello hello;
     hello.set_client_name("engine");
     hello.set_instance_id(instance);
     hello.set_fence_version(1);
+    hello.set_connection_id(connection);
     auto id = core_->OpenSession(hello, PeerInfo{});
     EXPECT_TRUE(id.ok()) << id.status();
     if (pid > 0) {
@@ -227,6 +230,74 @@ TEST_F(TierFenceTest, AClientWithoutTheProtocolStaysFencedUntilItExits) {
   core_->CloseSession(other);
   EXPECT_EQ(core_->SweepFences(), 1u);
   EXPECT_EQ(Info().fenced_page_rows(), 0u);
+  ExpectInvariants();
+}
+
+// Two connections of one process and instance (vLLM's scheduler and
+// worker in one process): each reports for itself, so one's report never
+// frees what the other's ended session left.
+TEST_F(TierFenceTest, EachConnectionReportsForItself) {
+  Sleeper engine;
+  auto open = [&](uint64_t connection) {
+    v1::Hello hello;
+    hello.set_instance_id(kInstance);
+    hello.set_fence_version(1);
+    hello.set_connection_id(connection);
+    auto id = core_->OpenSession(hello, PeerInfo{});
+    EXPECT_TRUE(id.ok());
+    PeerInfo p;
+    p.pid = engine.pid();
+    p.uid = getuid();
+    p.gid = getgid();
+    p.verified = true;
+    EXPECT_TRUE(core_->BindPeerCredentials(*id, p).ok());
+    return *id;
+  };
+  const uint64_t scheduler = open(1), worker = open(2);
+  const uint64_t ns = Attach(scheduler);
+  Attach(worker);
+  ASSERT_TRUE(Reserve(scheduler, ns, 2).ok());
+  ASSERT_TRUE(Reserve(worker, ns, 3).ok());
+  core_->CloseSession(scheduler);
+  core_->CloseSession(worker);
+  EXPECT_EQ(Info().fence_holds(), 2u);
+  // The scheduler reconnects and holds nothing: only its hold goes.
+  const uint64_t again = open(1);
+  Attach(again);
+  v1::FenceRequest report;
+  report.set_session_id(again);
+  report.set_report_complete(true);
+  v1::FenceResponse resp;
+  ASSERT_TRUE(core_->Fence(report, &resp).ok());
+  EXPECT_EQ(Info().fence_holds(), 1u);
+  EXPECT_EQ(Info().fenced_page_rows(), 3u);
+  ExpectInvariants();
+}
+
+// A lease's rows may be read by another process of the instance: the
+// scheduler's session ending (even with its process gone) keeps them while
+// the worker's process lives.
+TEST_F(TierFenceTest, AnInstancesOtherProcessKeepsTheFence) {
+  Sleeper scheduler_proc, worker_proc;
+  const uint64_t scheduler = Open(kInstance, scheduler_proc.pid());
+  const uint64_t worker = Open(kInstance, worker_proc.pid());
+  const uint64_t ns = Attach(scheduler);
+  Attach(worker);
+  const std::string hashes = RandomHashes(4, 9);
+  auto put = Reserve(scheduler, ns, 4);
+  ASSERT_TRUE(put.ok());
+  ASSERT_TRUE(Commit(scheduler, ns, put->reservation_id(), hashes).ok());
+  ASSERT_TRUE(Lookup(scheduler, ns, hashes, /*pin=*/true).ok());
+  scheduler_proc.Kill();
+  core_->CloseSession(scheduler);
+  EXPECT_EQ(Info().fence_holds(), 1u);
+  EXPECT_EQ(core_->SweepFences(), 0u);
+  EXPECT_EQ(Reserve(worker, ns, 16).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  worker_proc.Kill();
+  core_->CloseSession(worker);
+  EXPECT_EQ(core_->SweepFences(), 1u);
+  EXPECT_EQ(Info().fence_holds(), 0u);
   ExpectInvariants();
 }
 

@@ -54,7 +54,7 @@ struct TierCore::Namespace {
     };
     Kind kind = Kind::kSessionEnded;
     InstanceKey instance;
-    ProcessKey origin;  // The process whose session held the rows.
+    HolderKey origin;  // The connection (and process) whose session held them.
     uint32_t rank = 0;
     // A reservation's rows, still allocated-uncommitted in the index.
     std::vector<uint32_t> page_rows;

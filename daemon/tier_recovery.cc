@@ -14,6 +14,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "daemon/tier_core.h"
 #include "daemon/tier_namespace.h"
 #include "spdlog/spdlog.h"
@@ -158,7 +159,7 @@ absl::Status TierCore::RecoverNamespace(const std::string& name,
       }
     }
   }
-  absl::MutexLock lock(&ns.mu);
+  absl::ReleasableMutexLock lock(&ns.mu);
   if (doubt.empty()) {
     auto restored = RestoreIndex(*contents, ns.index.get());
     if (restored.ok()) {
@@ -181,9 +182,17 @@ absl::Status TierCore::RecoverNamespace(const std::string& name,
   auto journal = NamespaceJournal::Create(path, ns.MakeJournalHeader(),
                                           *ns.index, options_.journal);
   if (!journal.ok()) {
-    return absl::Status(journal.status().code(),
-                        absl::StrCat("recovery: namespace '", name,
-                                     "': ", journal.status().message()));
+    // Not served without a journal: forget the half-opened namespace (its
+    // segments and old journal stay) and report it unrecoverable.
+    std::shared_ptr<Namespace> keep = *ns_or;
+    lock.Release();  // Lock order: TierCore::mu_ before Namespace::mu.
+    {
+      absl::MutexLock core(&mu_);
+      by_name_.erase(name);
+      by_id_.erase(keep->id);
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "its journal cannot be rewritten: ", journal.status().message()));
   }
   ns.journal = *std::move(journal);
   ++report->namespaces;
@@ -250,7 +259,20 @@ absl::Status TierCore::DropUnrecoverableLocked(const std::string& name) {
       if (dir.empty()) continue;
       for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
         const std::string file = e.path().filename().string();
-        if (absl::StartsWith(file, prefix)) segments.push_back(e.path());
+        // "<prefix>.<name>.<bank>.r<rank>": a bank name has no '.', so a
+        // namespace "a" never takes "a.b"'s files.
+        absl::string_view rest = file;
+        if (!absl::ConsumePrefix(&rest, prefix)) continue;
+        const size_t dot = rest.find('.');
+        if (dot == absl::string_view::npos || dot == 0 ||
+            rest.find('.', dot + 1) != absl::string_view::npos ||
+            rest.substr(dot + 1, 1) != "r" ||
+            rest.substr(0, dot).find_first_not_of(
+                "abcdefghijklmnopqrstuvwxyz0123456789_") !=
+                absl::string_view::npos) {
+          continue;
+        }
+        segments.push_back(e.path());
       }
     }
   }

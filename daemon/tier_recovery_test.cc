@@ -69,6 +69,7 @@ class TierCoreRecoveryTest : public ::testing::Test {
     // The same engine instance across restarts (fence protocol), its pid
     // unseen (no credentials bound in these tests).
     hello.set_instance_id(std::string(16, 'e'));
+    hello.set_connection_id(1);
     hello.set_fence_version(1);
     auto id = core_->OpenSession(hello, PeerInfo{});
     EXPECT_TRUE(id.ok()) << id.status();
@@ -475,6 +476,24 @@ TEST_F(TierCoreRecoveryTest, UnreadableJournalIsKeptNotFatal) {
   EXPECT_TRUE(std::filesystem::exists(JournalPath(options_.state_dir, "junk")));
   ExpectUnrecoverable("junk", /*corrupt=*/true);
   ExpectDroppable("junk");
+}
+
+// Dropping an unrecoverable namespace whose journal is unreadable finds
+// its segments by name, and never another namespace's ("a" is not "a.b").
+TEST_F(TierCoreRecoveryTest, DroppingAnUnreadableOneSparesItsNamesakes) {
+  Attach("a");
+  uint64_t ab = Attach("a.b");
+  Put(ab, 1, 4);
+  core_.reset();
+  { std::ofstream(JournalPath(options_.state_dir, "a")) << "garbage"; }
+  Start();
+  ExpectUnrecoverable("a", /*corrupt=*/true);
+  ExpectDroppable("a");
+  EXPECT_FALSE(std::filesystem::exists(SegmentPath("a")));
+  EXPECT_TRUE(std::filesystem::exists(SegmentPath("a.b")));
+  ab = Attach("a.b");
+  ReportNothingHeld();
+  EXPECT_EQ(Lookup(ab, Packed(1, 4)).matched_pages(), 4u);
 }
 
 // A checksum failure before the journal's end: nothing of the namespace is

@@ -418,15 +418,13 @@ TEST_F(FenceTest, ADroppedReservationStaysFencedUntilItsProcessExits) {
                       absl::ToDoubleMilliseconds(freed), "}"));
 }
 
+#ifndef KVTIER_FENCE_CUDA  // With CUDA: tests/gpu/mirror_fence_gpu_test.
 // A mirror whose session ended: its store, queued before kvtierd was
 // SIGKILLed and restarted, runs after and writes nothing (the store reads
 // the mirror's revocation flag), and the daemon keeps the mirror's rows
 // fenced until the process exits. (On a GPU, with a captured graph:
 // tests/gpu/mirror_fence_gpu_test.)
 TEST_F(FenceTest, AMirrorWhoseSessionEndedStoresNothing) {
-#ifdef KVTIER_FENCE_CUDA
-  GTEST_SKIP() << "the CUDA mirror scenario is mirror_fence_gpu_test";
-#endif
   constexpr uint64_t kCapacity = 24;
   constexpr uint32_t kPages = 8;
   std::vector<std::string> args = Args("mirror", kCapacity, kPages, 11);
@@ -463,9 +461,6 @@ TEST_F(FenceTest, AMirrorWhoseSessionEndedStoresNothing) {
 
 // The control: the same queued store while its session lives writes.
 TEST_F(FenceTest, AMirrorWhoseSessionLivesStores) {
-#ifdef KVTIER_FENCE_CUDA
-  GTEST_SKIP() << "the CUDA mirror scenario is mirror_fence_gpu_test";
-#endif
   std::vector<std::string> args = Args("mirror", 24, 8, 11);
   args.push_back(kEngineA);
   Child m = Spawn(args);
@@ -475,6 +470,7 @@ TEST_F(FenceTest, AMirrorWhoseSessionLivesStores) {
       m.WaitForLine("STORED revoked=0 unchanged=0", absl::Seconds(30)).ok())
       << m.output();
 }
+#endif  // KVTIER_FENCE_CUDA
 
 }  // namespace
 }  // namespace kvtier::testing

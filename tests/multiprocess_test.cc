@@ -144,8 +144,8 @@ TEST(MultiProcessTest, KvtierctlShowsNamespacesAndBanks) {
   EXPECT_THAT(out, HasSubstr("scale"));
   EXPECT_THAT(out, HasSubstr("USED"));
   // 12 pages used of 64 in the "ctl" namespace's kv bank.
-  EXPECT_THAT(out,
-              ::testing::ContainsRegex("ctl +kv +0 +4.0 KiB +64 +12 +0 +0 +52"));
+  EXPECT_THAT(
+      out, ::testing::ContainsRegex("ctl +kv +0 +4.0 KiB +64 +12 +0 +0 +52"));
 
   auto json = Child::Spawn(
       {kCtl, "--socket=" + daemon.socket(), "--json", "prefixes", "ctl"});

@@ -52,6 +52,32 @@ struct Mirror::Impl {
   unsigned long long h_store_drops = 0;
   std::vector<uint64_t> h_state;  // EnsureState arrays.
   volatile uint32_t h_revoked = 0;
+
+  // Points the kernels' headers at the row table, drop counter, revocation
+  // flag (as the store kernel reads them) and ensure state, and has the
+  // session's end revoke the mirror. REQUIRES: reservation, state and
+  // revoked set.
+  void WireUp(const uint32_t* rows, unsigned long long* store_drops,
+              const volatile uint32_t* kernel_revoked) {
+    kernels::MirrorStoreHeader& h = store.header;
+    h.max_entries = options.max_store_entries;
+    h.num_logical = options.logical_pages;
+    h.num_slots = options.gpu_slots;
+    h.max_ctas = options.store_ctas;
+    h.mirror_rows = rows;
+    h.drops = store_drops;
+    h.revoked = kernel_revoked;
+    kernels::EnsureCopyHeader& c = copy.header;
+    c.max_ctas = options.copy_ctas;
+    c.max_items = state.max_entries;
+    c.copy_slot = state.copy_slot;
+    c.copy_row = state.copy_row;
+    c.copy_count = state.copy_count;
+    // Mirrors stop storing into rows of a session that ended (the daemon
+    // fences them until this process reports or exits).
+    volatile uint32_t* flag = revoked;
+    watch = client::WatchSessionEnd(reservation, [flag] { *flag = 1; });
+  }
 #if KVTIER_HAVE_CUDA
   int device = 0;
 #endif
@@ -220,25 +246,7 @@ absl::StatusOr<std::unique_ptr<Mirror>> Mirror::Create(
   auto state = kernels::AllocateEnsureState(config, st);
   if (!state.ok()) return fail(state.status());
   impl->state = *state;
-  kernels::MirrorStoreHeader& h = impl->store.header;
-  h.max_entries = o.max_store_entries;
-  h.num_logical = o.logical_pages;
-  h.num_slots = o.gpu_slots;
-  h.max_ctas = o.store_ctas;
-  h.mirror_rows = impl->d_rows;
-  h.drops = impl->d_store_drops;
-  h.revoked = impl->revoked_device;
-  // Mirrors stop storing into rows of a session that ended (the daemon
-  // fences them until this process reports or exits).
-  volatile uint32_t* revoked = impl->revoked;
-  impl->watch =
-      client::WatchSessionEnd(impl->reservation, [revoked] { *revoked = 1; });
-  kernels::EnsureCopyHeader& c = impl->copy.header;
-  c.max_ctas = o.copy_ctas;
-  c.max_items = impl->state.max_entries;
-  c.copy_slot = impl->state.copy_slot;
-  c.copy_row = impl->state.copy_row;
-  c.copy_count = impl->state.copy_count;
+  impl->WireUp(impl->d_rows, impl->d_store_drops, impl->revoked_device);
   cudaSetDevice(previous);
   return std::unique_ptr<Mirror>(new Mirror(std::move(impl)));
 #endif
@@ -263,23 +271,7 @@ absl::StatusOr<std::unique_ptr<Mirror>> Mirror::CreateReference(
   impl->state = kernels::LayOutEnsureState(config, mem);
   kernels::ResetEnsureStateHost(impl->state);
   impl->revoked = &impl->h_revoked;
-  kernels::MirrorStoreHeader& h = impl->store.header;
-  h.max_entries = o.max_store_entries;
-  h.num_logical = o.logical_pages;
-  h.num_slots = o.gpu_slots;
-  h.max_ctas = o.store_ctas;
-  h.mirror_rows = impl->h_rows.data();
-  h.drops = &impl->h_store_drops;
-  h.revoked = &impl->h_revoked;
-  kernels::EnsureCopyHeader& c = impl->copy.header;
-  c.max_ctas = o.copy_ctas;
-  c.max_items = impl->state.max_entries;
-  c.copy_slot = impl->state.copy_slot;
-  c.copy_row = impl->state.copy_row;
-  c.copy_count = impl->state.copy_count;
-  volatile uint32_t* revoked = impl->revoked;
-  impl->watch =
-      client::WatchSessionEnd(impl->reservation, [revoked] { *revoked = 1; });
+  impl->WireUp(impl->h_rows.data(), &impl->h_store_drops, &impl->h_revoked);
   return std::unique_ptr<Mirror>(new Mirror(std::move(impl)));
 }
 

@@ -3,6 +3,9 @@
 # python_* tests call it). Usage: run_tests.sh PYTHON TEST_FILE...
 # Exits 77 (ctest: skipped) when PYTHON does not exist, unless
 # KVTIER_REQUIRE_PYTHON=1 (`make test` sets it), which makes that a failure.
+# The tests and what they start (tiny model folders, vLLM's ZMQ sockets, which
+# vLLM leaves behind when an engine is killed) get a TMPDIR of their own that
+# is removed when pytest exits.
 set -euo pipefail
 python=$1
 shift
@@ -15,4 +18,7 @@ if [ ! -x "$python" ]; then
   exit 77
 fi
 cd "$(dirname "$0")"
-exec "$python" -m pytest -p no:cacheprovider -q "$@"
+TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/kvtier-pytest.XXXXXX")
+export TMPDIR
+trap 'rm -rf "$TMPDIR"' EXIT
+"$python" -m pytest -p no:cacheprovider -q "$@"

@@ -51,6 +51,7 @@
 #include "kvtier/v1/tier.grpc.pb.h"
 #include "tests/daemon_process.h"
 #include "tests/test_pattern.h"
+#include "tests/test_users.h"
 
 namespace kvtier::testing {
 namespace {
@@ -59,126 +60,6 @@ using ::testing::HasSubstr;
 
 constexpr char kGroup[] = "kvtier";
 constexpr char kTeamGroup[] = "kvtier-iso-team";
-
-struct User {
-  std::string name;
-  uid_t uid = 0;
-  gid_t gid = 0;
-};
-
-std::string Tool(const std::string& name) {
-  for (const char* dir : {"/usr/sbin/", "/sbin/", "/usr/bin/"}) {
-    const std::string p = std::string(dir) + name;
-    if (access(p.c_str(), X_OK) == 0) return p;
-  }
-  return "";
-}
-
-absl::Status Run(const std::vector<std::string>& argv) {
-  auto child = Child::Spawn(argv);
-  if (!child.ok()) return child.status();
-  auto rc = child->Wait(absl::Seconds(30));
-  if (!rc.ok()) return rc.status();
-  if (*rc != 0) {
-    return absl::InternalError(
-        absl::StrCat(argv[0], " exited with ", *rc, ": ", child->output()));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<gid_t> EnsureGroup(const std::string& name) {
-  if (group* g = getgrnam(name.c_str()); g != nullptr) return g->gr_gid;
-  if (absl::Status s = Run({Tool("groupadd"), "-f", name}); !s.ok()) return s;
-  group* g = getgrnam(name.c_str());
-  if (g == nullptr)
-    return absl::InternalError("groupadd made no group " + name);
-  return g->gr_gid;
-}
-
-// Creates `name` (no home, no login) in exactly `groups` (comma-separated,
-// may be empty) as supplementary groups.
-absl::StatusOr<User> EnsureUser(const std::string& name,
-                                const std::string& groups) {
-  if (getpwnam(name.c_str()) == nullptr) {
-    std::vector<std::string> argv = {Tool("useradd"), "-M", "-N", "-s",
-                                     "/usr/sbin/nologin"};
-    if (!groups.empty()) argv.insert(argv.end(), {"-G", groups});
-    argv.push_back(name);
-    if (absl::Status s = Run(argv); !s.ok()) return s;
-  } else if (absl::Status s = Run({Tool("usermod"), "-G", groups, name});
-             !s.ok()) {
-    return s;
-  }
-  passwd* pw = getpwnam(name.c_str());
-  if (pw == nullptr) return absl::InternalError("useradd made no user " + name);
-  return User{name, pw->pw_uid, pw->pw_gid};
-}
-
-struct Outcome {
-  int code = -1;
-  std::string output;
-};
-
-// Runs `body` in a forked child as `user` (nullptr: stays root). The child
-// reports through `out`; its exit code is body's return value, 120 when it
-// could not become the user.
-Outcome RunAs(const User* user, const std::function<int(std::string*)>& body) {
-  int fds[2];
-  if (pipe(fds) != 0) return {};
-  const pid_t pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    if (user != nullptr && (initgroups(user->name.c_str(), user->gid) != 0 ||
-                            setgid(user->gid) != 0 || setuid(user->uid) != 0 ||
-                            getuid() != user->uid)) {
-      _exit(120);
-    }
-    std::string out;
-    const int rc = body(&out);
-    size_t done = 0;
-    while (done < out.size()) {
-      const ssize_t w = write(fds[1], out.data() + done, out.size() - done);
-      if (w <= 0) break;
-      done += static_cast<size_t>(w);
-    }
-    _exit(rc);
-  }
-  close(fds[1]);
-  Outcome o;
-  char buf[4096];
-  ssize_t n;
-  while ((n = read(fds[0], buf, sizeof(buf))) > 0) o.output.append(buf, n);
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  o.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return o;
-}
-
-// errno of connect(2) to the unix socket `path` (0: connected).
-int ConnectErrno(const std::string& path) {
-  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-  const int rc = connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  const int err = rc == 0 ? 0 : errno;
-  close(fd);
-  return err;
-}
-
-// errno of open(2) of `path` read-write, then read-only (0: opened).
-int OpenErrno(const std::string& path) {
-  for (int flags : {O_RDWR, O_RDONLY}) {
-    const int fd = open(path.c_str(), flags | O_CLOEXEC);
-    if (fd >= 0) {
-      close(fd);
-      return 0;
-    }
-    if (errno != EACCES) return errno;
-  }
-  return EACCES;
-}
 
 // Notes `s` in the child's report and returns `code` (its exit code).
 int Failed(std::string* out, const absl::Status& s, int code) {
@@ -256,9 +137,9 @@ std::string ChainOf(const std::string& output) {
 class IsolationTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (geteuid() != 0) GTEST_SKIP() << "needs root to create users";
-    if (Tool("useradd").empty() || Tool("groupadd").empty()) {
-      GTEST_SKIP() << "useradd/groupadd not installed";
+    if (const std::string why = CannotCreateUsers(); !why.empty()) {
+      if (UsersRequired()) FAIL() << why << " (KVTIER_REQUIRE_USERS=1)";
+      GTEST_SKIP() << why;
     }
     auto g = EnsureGroup(kGroup);
     ASSERT_TRUE(g.ok()) << g.status();

@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -35,6 +36,7 @@
 #include "kvtier/reference_stream.h"
 #include "kvtier/v1/tier.grpc.pb.h"
 #include "shm/segment.h"
+#include "shm/trusted_path.h"
 
 namespace kvtier {
 namespace client {
@@ -146,6 +148,9 @@ struct Connection {
 
   // Immutable after Connect.
   std::string socket;
+  // The socket's owner (shm::CheckDaemonSocket): every segment mapped must
+  // be this uid's, so a file planted under a bank's name is never mapped.
+  uid_t daemon_uid = shm::kAnyOwner;
   absl::Duration timeout;
   std::string client_name;
   std::string instance_id;     // 16 bytes (fence protocol).
@@ -586,9 +591,15 @@ absl::Status RemapInPlace(NamespaceState& ns, size_t i,
         fresh.rows(), " rows, ", fresh.file_bytes(), " bytes; mapped: ",
         mine.rows(), " rows, ", mine.file_bytes(), " bytes)"));
   }
-  const int fd = ::open(fresh.path().c_str(), O_RDWR | O_CLOEXEC);
+  const int fd = ::open(fresh.path().c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
     return absl::ErrnoToStatus(errno, absl::StrCat("reopening ", fresh.path()));
+  }
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || st.st_ino != fresh.inode()) {
+    ::close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "bank at ", fresh.path(), " changed while it was being remapped"));
   }
   if (ns.registered) UnregisterHostRange(mine.base(), mine.file_bytes());
   void* p = ::mmap(mine.base(), mine.file_bytes(), PROT_READ | PROT_WRITE,
@@ -641,7 +652,7 @@ absl::Status Reattach(NamespaceState& ns, uint64_t session_id) {
           absl::StrCat("bank '", info.bank(), "' moved from ", mine.path(),
                        " to ", info.path()));
     }
-    auto fresh = shm::Segment::Open(info.path());
+    auto fresh = shm::Segment::Open(info.path(), conn.daemon_uid);
     if (!fresh.ok()) {
       return absl::Status(fresh.status().code(),
                           absl::StrCat("mapping bank '", info.bank(),
@@ -1283,6 +1294,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
         "cannot connect to kvtierd at unix:", conn->socket,
         " (is the daemon running? set --socket or $KVTIER_SOCKET)"));
   }
+  // Who answered: the socket's owner is the daemon, if its folder is one
+  // nobody else could have put a socket in (shm/trusted_path.h).
+  auto daemon_uid = shm::CheckDaemonSocket(conn->socket);
+  if (!daemon_uid.ok()) return daemon_uid.status();
+  conn->daemon_uid = *daemon_uid;
   conn->stub = v1::TierService::NewStub(conn->channel);
   auto session = conn->OpenSession();
   if (!session.ok()) return session.status();
@@ -1366,7 +1382,7 @@ absl::StatusOr<std::unique_ptr<Namespace>> Client::Attach(
 
   const absl::Time map_start = absl::Now();
   for (const auto& seg : resp.segments()) {
-    auto mapped = shm::Segment::Open(seg.path());
+    auto mapped = shm::Segment::Open(seg.path(), connection_->daemon_uid);
     if (!mapped.ok()) {
       return absl::Status(mapped.status().code(),
                           absl::StrCat("mapping bank '", seg.bank(),

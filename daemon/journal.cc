@@ -1029,7 +1029,9 @@ absl::Status NamespaceJournal::Remove() {
 // -------------------------------------------------------- reading side --
 
 absl::StatusOr<JournalContents> ReadJournal(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NOFOLLOW, then the owner check below: only the daemon's own journal
+  // is replayed (shm/trusted_path.h).
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
     if (errno == ENOENT) {
       return absl::NotFoundError(absl::StrCat("journal: no file ", path));
@@ -1039,6 +1041,11 @@ absl::StatusOr<JournalContents> ReadJournal(const std::string& path) {
   absl::Cleanup close_fd = [fd] { ::close(fd); };
   struct stat st;
   if (::fstat(fd, &st) != 0) return Errno("cannot stat", path);
+  if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "journal ", path, ": not a regular file of kvtierd's uid ", ::geteuid(),
+        " (uid ", st.st_uid, "): refused, never replayed"));
+  }
   const size_t size = static_cast<size_t>(st.st_size);
   if (size < sizeof(kMagic)) {
     return absl::DataLossError(absl::StrCat("journal ", path, ": ", size,

@@ -33,13 +33,17 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "shm/trusted_path.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 ABSL_FLAG(std::string, socket, "",
           "Unix socket to listen on (default: $XDG_RUNTIME_DIR/kvtier/"
           "kvtierd.sock, else /tmp/kvtier-<uid>/kvtierd.sock)");
-ABSL_FLAG(std::string, shm_dir, "/dev/shm", "Folder for 4 KiB-page banks");
+ABSL_FLAG(std::string, shm_dir, "",
+          "Folder for 4 KiB-page banks: a folder of kvtierd's uid that nobody "
+          "else can write, created 0750 when missing (default: "
+          "/dev/shm/kvtier-<uid>)");
 ABSL_FLAG(std::string, hugetlbfs_dir, "",
           "hugetlbfs mount for 2 MiB-page banks (empty: detect one)");
 ABSL_FLAG(std::string, huge_pages, "auto",
@@ -134,20 +138,23 @@ absl::Status PrepareSocket(const std::string& path, gid_t group) {
                      sizeof(sockaddr_un::sun_path) - 1, " bytes"));
   }
   std::error_code ec;
-  const std::filesystem::path dir = std::filesystem::path(path).parent_path();
-  if (!dir.empty() && !std::filesystem::exists(dir, ec)) {
-    std::filesystem::create_directories(dir, ec);
-    if (ec) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--socket: cannot create ", dir.string(), ": ", ec.message()));
-    }
-    ::chmod(dir.c_str(), 0770);
-    if (group != static_cast<gid_t>(-1) &&
-        ::chown(dir.c_str(), static_cast<uid_t>(-1), group) != 0) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("--socket: cannot give ", dir.string(), " to group ",
-                       group, ": ", strerror(errno)));
-    }
+  const std::filesystem::path dir =
+      std::filesystem::absolute(path).parent_path();
+  const bool existed = std::filesystem::exists(dir, ec);
+  if (!existed && dir.has_parent_path()) {
+    std::filesystem::create_directories(dir.parent_path(), ec);
+  }
+  // The folder must be the daemon's and nobody else's to write
+  // (shm/trusted_path.h): clients trust the socket they find there.
+  if (absl::Status s = shm::EnsureTrustedDir(dir.string(), 0750, "--socket");
+      !s.ok()) {
+    return s;
+  }
+  if (!existed && group != static_cast<gid_t>(-1) &&
+      ::chown(dir.c_str(), static_cast<uid_t>(-1), group) != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--socket: cannot give ", dir.string(), " to group ",
+                     group, ": ", strerror(errno)));
   }
   // A socket file left by a daemon that died is removed; a live daemon's
   // socket would make bind fail, which gRPC reports.
@@ -201,6 +208,9 @@ int Main(int argc, char** argv) {
 
   TierOptions options;
   options.segments.shm_dir = absl::GetFlag(FLAGS_shm_dir);
+  if (options.segments.shm_dir.empty()) {
+    options.segments.shm_dir = absl::StrCat("/dev/shm/kvtier-", ::geteuid());
+  }
   options.segments.hugetlbfs_dir = absl::GetFlag(FLAGS_hugetlbfs_dir);
   const std::string huge = absl::GetFlag(FLAGS_huge_pages);
   if (huge == "auto") {
@@ -251,6 +261,25 @@ int Main(int argc, char** argv) {
     return 2;
   }
   options.namespace_acl = *std::move(acl);
+  // Banks live only in a folder nobody but the daemon can write, so nobody
+  // can pre-create a namespace's banks (shm/trusted_path.h). Engines of
+  // --group enter it to map them.
+  {
+    const std::string& dir = options.segments.shm_dir;
+    struct stat before;
+    const bool existed = ::lstat(dir.c_str(), &before) == 0;
+    if (absl::Status s = shm::EnsureTrustedDir(dir, 0750, "--shm_dir");
+        !s.ok()) {
+      SPDLOG_CRITICAL("{}", s.ToString());
+      return 2;
+    }
+    if (!existed && group != static_cast<gid_t>(-1) &&
+        ::chown(dir.c_str(), static_cast<uid_t>(-1), group) != 0) {
+      SPDLOG_CRITICAL("--shm_dir: cannot give {} to group {}: {}", dir, group,
+                      strerror(errno));
+      return 2;
+    }
+  }
   options.uid_budget_bytes = absl::GetFlag(FLAGS_uid_budget_bytes);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   if (options.state_dir.empty()) {

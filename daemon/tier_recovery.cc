@@ -17,6 +17,7 @@
 #include "absl/strings/strip.h"
 #include "daemon/tier_core.h"
 #include "daemon/tier_namespace.h"
+#include "shm/trusted_path.h"
 #include "spdlog/spdlog.h"
 
 namespace kvtier::daemon {
@@ -27,17 +28,24 @@ absl::StatusOr<TierCore::RecoveryReport> TierCore::Recover() {
   const absl::Time start = absl::Now();
   const std::string& dir = options_.state_dir;
   std::error_code ec;
-  // Journals name every cached prefix's hashes: the daemon's eyes only.
-  if (std::filesystem::create_directories(dir, ec)) {
-    ::chmod(dir.c_str(), 0700);
+  // Journals name every cached prefix's hashes and are replayed at start:
+  // the daemon's eyes only, in a folder nobody else can write
+  // (shm/trusted_path.h). A folder found owned by another uid or writable
+  // by others is refused, its journals never read.
+  const std::filesystem::path parent = std::filesystem::path(dir).parent_path();
+  if (!parent.empty() && !std::filesystem::exists(parent, ec)) {
+    std::filesystem::create_directories(parent, ec);
+    if (ec) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "state_dir: cannot create ", parent.string(), ": ", ec.message()));
+    }
   }
-  if (ec) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("state_dir: cannot create ", dir, ": ", ec.message()));
+  if (absl::Status s = shm::EnsureTrustedDir(dir, 0700, "state_dir"); !s.ok()) {
+    return s;
   }
   const std::string lock_path = dir + "/lock";
-  const int lock_fd =
-      ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  const int lock_fd = ::open(lock_path.c_str(),
+                             O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (lock_fd < 0) {
     return absl::FailedPreconditionError(absl::StrCat(
         "state_dir: cannot open ", lock_path, ": ", std::strerror(errno)));

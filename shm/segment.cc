@@ -290,7 +290,9 @@ class SegmentCreator {
 absl::StatusOr<Segment> SegmentCreator::OpenExisting(const std::string& path,
                                                      const SegmentSpec& spec,
                                                      HugePagePolicy policy) {
-  absl::StatusOr<Segment> segment = Segment::Open(path);
+  // Only a file of this process's uid is adopted: one that another user
+  // pre-created under the predictable name is refused.
+  absl::StatusOr<Segment> segment = Segment::Open(path, geteuid());
   if (!segment.ok()) {
     return absl::Status(
         segment.status().code(),
@@ -413,6 +415,8 @@ absl::StatusOr<Segment> SegmentCreator::CreateIn(
   segment.file_bytes_ = file_bytes;
   segment.huge_pages_ = huge_pages;
   segment.created_ = true;
+  struct stat st;
+  if (fstat(fd.get(), &st) == 0) segment.inode_ = st.st_ino;
   return segment;
 }
 
@@ -520,12 +524,20 @@ absl::StatusOr<Segment> Segment::Create(const SegmentSpec& spec,
   return SegmentCreator::CreateIn(options.shm_dir, false, spec, options);
 }
 
-absl::StatusOr<Segment> Segment::Open(const std::string& path) {
-  UniqueFd fd(open(path.c_str(), O_RDWR | O_CLOEXEC));
+absl::StatusOr<Segment> Segment::Open(const std::string& path, uid_t owner) {
+  // O_NOFOLLOW: a symlink planted under a segment's name is refused, never
+  // followed; O_NONBLOCK: a FIFO planted there cannot hang the open.
+  UniqueFd fd(open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
   if (fd.get() < 0) {
     if (errno == ENOENT) {
       return absl::NotFoundError(
           absl::StrCat("segment '", path, "' does not exist"));
+    }
+    if (errno == ELOOP) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "segment '", path,
+          "' is a symlink: refused, never followed (another user may have "
+          "planted it). Remove it"));
     }
     return absl::ErrnoToStatus(errno, absl::StrCat("open '", path, "'"));
   }
@@ -533,9 +545,9 @@ absl::StatusOr<Segment> Segment::Open(const std::string& path) {
   if (fstat(fd.get(), &st) != 0) {
     return absl::ErrnoToStatus(errno, absl::StrCat("fstat '", path, "'"));
   }
-  if (!S_ISREG(st.st_mode)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("segment '", path, "' is not a regular file"));
+  if (absl::Status trusted = CheckTrustedFile(st, path, owner, "segment");
+      !trusted.ok()) {
+    return trusted;
   }
   const uint64_t file_size = static_cast<uint64_t>(st.st_size);
   if (file_size < kHeaderBytes) {
@@ -545,7 +557,10 @@ absl::StatusOr<Segment> Segment::Open(const std::string& path) {
   }
   absl::StatusOr<bool> huge = OnHugeTlbfs(fd.get(), path);
   if (!huge.ok()) return huge.status();
-  return MapAndValidate(fd.get(), file_size, path, *huge);
+  absl::StatusOr<Segment> segment =
+      MapAndValidate(fd.get(), file_size, path, *huge);
+  if (segment.ok()) segment->inode_ = st.st_ino;
+  return segment;
 }
 
 absl::StatusOr<Segment> Segment::MapAndValidate(int fd, uint64_t file_size,
@@ -594,7 +609,7 @@ absl::StatusOr<std::string> Segment::Find(const std::string& file_name,
     if (dir->empty()) continue;
     const std::string path = JoinPath(*dir, file_name);
     struct stat st;
-    if (stat(path.c_str(), &st) == 0) return path;
+    if (lstat(path.c_str(), &st) == 0) return path;  // Open checks what.
     if (errno != ENOENT && errno != ENOTDIR) {
       return absl::ErrnoToStatus(errno, absl::StrCat("stat '", path, "'"));
     }
@@ -625,7 +640,8 @@ Segment::Segment(Segment&& other) noexcept
       data_offset_(std::exchange(other.data_offset_, 0)),
       file_bytes_(std::exchange(other.file_bytes_, 0)),
       huge_pages_(std::exchange(other.huge_pages_, false)),
-      created_(std::exchange(other.created_, false)) {}
+      created_(std::exchange(other.created_, false)),
+      inode_(std::exchange(other.inode_, 0)) {}
 
 Segment& Segment::operator=(Segment&& other) noexcept {
   if (this != &other) {
@@ -640,6 +656,7 @@ Segment& Segment::operator=(Segment&& other) noexcept {
     file_bytes_ = std::exchange(other.file_bytes_, 0);
     huge_pages_ = std::exchange(other.huge_pages_, false);
     created_ = std::exchange(other.created_, false);
+    inode_ = std::exchange(other.inode_, 0);
   }
   return *this;
 }

@@ -44,6 +44,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "shm/bank_header.h"
+#include "shm/trusted_path.h"
 
 namespace kvtier::shm {
 
@@ -99,7 +100,9 @@ class Segment {
   // Returns the segment named spec.file_name, creating it if needed.
   //
   // If a file of that name exists in the hugetlbfs dir or shm_dir (see Find),
-  // it is opened and validated: with the same rows, row_bytes, rank, bank,
+  // it is opened and validated; it must be this process's own (Open with
+  // geteuid(): a file another user pre-created or a symlink is refused,
+  // never adopted), and with the same rows, row_bytes, rank, bank,
   // namespace_name and layout_fingerprint it is returned with
   // created() == false; otherwise FAILED_PRECONDITION names the first field
   // that differs and the file is left untouched. Under kRequire an existing
@@ -122,9 +125,14 @@ class Segment {
   // NOT_FOUND if the file does not exist; DATA_LOSS for a bad magic, a
   // truncated file or inconsistent sizes; FAILED_PRECONDITION for another
   // header version, unknown flags or a segment whose state is not ready.
-  // Does not populate: the caller's first touch (or cudaHostRegister)
-  // faults pages in. The result has created() == false.
-  static absl::StatusOr<Segment> Open(const std::string& path);
+  // The file is opened with O_NOFOLLOW and checked before it is mapped
+  // (shm/trusted_path.h): a symlink, a file that is not regular, one
+  // writable by every user, or one not owned by `owner` (unless kAnyOwner)
+  // is FAILED_PRECONDITION. The daemon passes its own uid, clients the
+  // daemon's. Does not populate: the caller's first touch (or
+  // cudaHostRegister) faults pages in. The result has created() == false.
+  static absl::StatusOr<Segment> Open(const std::string& path,
+                                      uid_t owner = kAnyOwner);
 
   // Returns the path of `file_name` in the hugetlbfs dir (options'
   // hugetlbfs_dir, else the autodetected mount, if any) or else in
@@ -167,6 +175,9 @@ class Segment {
   bool huge_pages() const { return huge_pages_; }
   // True if this call to Create made the file; false if it existed.
   bool created() const { return created_; }
+  // The file's inode number, to tell it from a file put under its name
+  // later.
+  ino_t inode() const { return inode_; }
 
  private:
   Segment() = default;
@@ -187,6 +198,7 @@ class Segment {
   uint64_t file_bytes_ = 0;
   bool huge_pages_ = false;
   bool created_ = false;
+  ino_t inode_ = 0;
 
   // Creation internals in segment.cc fill in the members directly.
   friend class SegmentCreator;

@@ -238,6 +238,37 @@ TEST_F(SegmentTest, MismatchedSpecIsFailedPreconditionAndFileUntouched) {
   EXPECT_THAT(ListDir(dir_), ::testing::ElementsAre("mismatch"));
 }
 
+// Squatting: a bank another user pre-created under the predictable name,
+// valid header and all, is refused, never adopted, and left as it is.
+TEST_F(SegmentTest, APreCreatedSegmentOfAnotherUidIsRefused) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to chown";
+  absl::StatusOr<Segment> planted =
+      Segment::Create(MakeSpec("squat"), options_);
+  ASSERT_TRUE(planted.ok()) << planted.status();
+  const std::string path = planted->path();
+  ASSERT_EQ(chown(path.c_str(), 54321, 54321), 0);
+  const std::string before = ReadWholeFile(path);
+  absl::StatusOr<Segment> again = Segment::Create(MakeSpec("squat"), options_);
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.status().message(), HasSubstr("belongs to uid 54321"));
+  EXPECT_EQ(ReadWholeFile(path), before);
+  // A client that requires the daemon's uid refuses it too.
+  EXPECT_FALSE(Segment::Open(path, geteuid()).ok());
+  EXPECT_TRUE(Segment::Open(path, 54321).ok());
+}
+
+TEST_F(SegmentTest, ASymlinkUnderASegmentNameIsRefusedNotFollowed) {
+  absl::StatusOr<Segment> real = Segment::Create(MakeSpec("real"), options_);
+  ASSERT_TRUE(real.ok()) << real.status();
+  const std::string link = dir_ + "/link";
+  ASSERT_EQ(symlink(real->path().c_str(), link.c_str()), 0);
+  absl::StatusOr<Segment> via = Segment::Create(MakeSpec("link"), options_);
+  EXPECT_EQ(via.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(via.status().message(), HasSubstr("is a symlink"));
+  EXPECT_EQ(Segment::Open(link).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
 TEST_F(SegmentTest, ModeIs0660WhateverTheUmask) {
   const mode_t old_umask = umask(0077);
   absl::StatusOr<Segment> segment = Segment::Create(MakeSpec("mode"), options_);

@@ -7,6 +7,7 @@
 #include <spawn.h>
 #include <stdlib.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -143,6 +144,8 @@ DaemonProcess::DaemonProcess() {
   shm_dir_ = dir_ + "/shm";
   socket_ = dir_ + "/kvtierd.sock";
   std::filesystem::create_directories(shm_dir_);
+  // kvtierd refuses a bank folder others can write, whatever the umask.
+  ::chmod(shm_dir_.c_str(), 0750);
 }
 
 DaemonProcess::~DaemonProcess() {

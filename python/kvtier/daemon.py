@@ -73,7 +73,8 @@ class Daemon:
         self.socket = os.path.join(self.dir, "kvtierd.sock")
         self.log_path = os.path.join(self.dir, "kvtierd.log")
         self.log_level = log_level
-        os.makedirs(self.shm_dir, exist_ok=True)
+        # kvtierd refuses a bank folder others can write (mode 0750 at most).
+        os.makedirs(self.shm_dir, mode=0o750, exist_ok=True)
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout_s: float = 20.0) -> "Daemon":

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -21,6 +22,7 @@
 #include "cli/commands.h"
 #include "common/default_socket.h"
 #include "grpcpp/create_channel.h"
+#include "shm/trusted_path.h"
 
 ABSL_FLAG(std::string, socket, "",
           "kvtierd's socket (default: $KVTIER_SOCKET, else "
@@ -207,6 +209,26 @@ int Main(int argc, char** argv) {
   options.count = absl::GetFlag(FLAGS_count);
   options.redraw = ::isatty(STDOUT_FILENO) == 1;
 
+  // kvtierctl is an operator's tool: it speaks to the operator socket
+  // beside the engine socket, which only root, kvtierd's uid and
+  // --admin_group can reach, and only when it is kvtierd's
+  // (shm/trusted_path.h).
+  const std::string admin = options.socket + ".admin";
+  if (auto owner = shm::CheckDaemonSocket(admin);
+      !owner.ok() && !absl::IsNotFound(owner.status())) {
+    std::fprintf(stderr, "kvtierctl: %s\n",
+                 std::string(owner.status().message()).c_str());
+    return kExitUnreachable;
+  }
+  if (::access(admin.c_str(), R_OK | W_OK) != 0 && errno == EACCES) {
+    std::fprintf(stderr,
+                 "kvtierctl: permission denied on kvtierd's operator socket "
+                 "%s: kvtierctl needs root or membership in kvtierd's "
+                 "--admin_group\n",
+                 admin.c_str());
+    return kExitUnreachable;
+  }
+  options.socket = admin;
   auto channel = grpc::CreateChannel("unix:" + options.socket,
                                      grpc::InsecureChannelCredentials());
   Ctl ctl(v1::TierService::NewStub(channel), std::move(options), stdout,

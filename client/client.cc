@@ -1452,6 +1452,9 @@ absl::StatusOr<DropResult> Client::Drop(const std::string& name,
   req.set_namespace_(name);
   req.set_hash(std::string(hash));
   req.set_force(force);
+  // The session's bound credentials carry the right to drop namespaces
+  // under --namespace_acl (docs/operations.md, "Security model").
+  req.set_session_id(connection_->session_id.load());
   v1::DropResponse resp;
   grpc::ClientContext ctx;
   connection_->Deadline(&ctx);

@@ -65,6 +65,18 @@ ABSL_FLAG(std::string, group, "",
           "Group (name or gid) that owns the sockets and segments, mode 0660: "
           "only its members reach the daemon and map banks (empty: the "
           "daemon's own group)");
+ABSL_FLAG(std::string, admin_socket, "",
+          "The operator socket (default: <socket>.admin): Drop, Stats, "
+          "ListNamespaces, ListPrefixes and Verify with every right, for "
+          "kvtierctl and gRPC tools; reachable only by --admin_group and "
+          "kvtierd's uid (and root). 'none' disables it");
+ABSL_FLAG(std::string, admin_group, "",
+          "Group of the operator socket (mode 0660); empty: mode 0600, "
+          "kvtierd's uid and root only");
+ABSL_FLAG(std::vector<std::string>, device_pool_namespaces, {},
+          "Namespaces the device pools serve (names, or prefixes ending in "
+          "'*'); only sessions attached to them receive the pools' CUDA IPC "
+          "handles. Empty: every namespace");
 ABSL_FLAG(bool, require_peer_credentials, true,
           "Refuse Attach from sessions whose peer credentials (SO_PEERCRED, "
           "bound on the fast lookup socket) are not known; needs "
@@ -260,6 +272,19 @@ int Main(int argc, char** argv) {
         "credentials on the fast lookup socket");
     return 2;
   }
+  // Segments of a namespace under an entry get the entry's first group, so
+  // that only its members can map them; an entry naming only users would
+  // leave them in --group, open to every member.
+  for (const NamespaceAclEntry& e : acl->entries()) {
+    if (!e.segment_group().has_value()) {
+      SPDLOG_CRITICAL(
+          "--namespace_acl: entry '{}' names no group: its segments would "
+          "stay in --group, which every engine can map. Name a group "
+          "(group:NAME) holding exactly the users that may attach",
+          e.pattern);
+      return 2;
+    }
+  }
   options.namespace_acl = *std::move(acl);
   // Banks live only in a folder nobody but the daemon can write, so nobody
   // can pre-create a namespace's banks (shm/trusted_path.h). Engines of
@@ -335,6 +360,7 @@ int Main(int argc, char** argv) {
     }
     options.device_pools = device_pool->exports();
   }
+  options.device_pool_namespaces = absl::GetFlag(FLAGS_device_pool_namespaces);
 
   TierCore core(options);
   // Before anything is served: namespaces and indexes from the journals.
@@ -430,8 +456,61 @@ int Main(int argc, char** argv) {
     fast.Stop();
     return 1;
   }
+  // The operator socket: a second server whose callers have every right;
+  // the kernel decides who reaches it (mode 0600, or 0660 in
+  // --admin_group).
+  std::string admin_socket = absl::GetFlag(FLAGS_admin_socket);
+  if (admin_socket.empty()) admin_socket = socket + ".admin";
+  if (admin_socket == "none") admin_socket.clear();
+  TierService admin_service(&core, fast_socket, /*operator_socket=*/true);
+  std::unique_ptr<grpc::Server> admin_server;
+  if (!admin_socket.empty()) {
+    gid_t admin_group = static_cast<gid_t>(-1);
+    if (const std::string g = absl::GetFlag(FLAGS_admin_group); !g.empty()) {
+      auto gid = ResolveGroup(g, "--admin_group");
+      if (!gid.ok()) {
+        SPDLOG_CRITICAL("{}", gid.status().ToString());
+        server->Shutdown();
+        fast.Stop();
+        return 2;
+      }
+      admin_group = *gid;
+    }
+    absl::Status prepared = PrepareSocket(admin_socket, admin_group);
+    if (prepared.ok()) {
+      grpc::ServerBuilder admin_builder;
+      admin_builder.AddListeningPort("unix:" + admin_socket,
+                                     grpc::InsecureServerCredentials());
+      admin_builder.RegisterService(&admin_service);
+      admin_server = admin_builder.BuildAndStart();
+      if (admin_server == nullptr) {
+        prepared = absl::FailedPreconditionError(
+            absl::StrCat("cannot listen on unix:", admin_socket));
+      }
+    }
+    if (prepared.ok() &&
+        ((admin_group != static_cast<gid_t>(-1) &&
+          ::chown(admin_socket.c_str(), static_cast<uid_t>(-1), admin_group) !=
+              0) ||
+         ::chmod(admin_socket.c_str(),
+                 admin_group != static_cast<gid_t>(-1) ? 0660 : 0600) != 0)) {
+      prepared = absl::FailedPreconditionError(
+          absl::StrCat("--admin_socket ", admin_socket,
+                       ": setting its group and mode: ", strerror(errno)));
+    }
+    if (!prepared.ok()) {
+      SPDLOG_CRITICAL("{}", prepared.ToString());
+      if (admin_server) admin_server->Shutdown();
+      server->Shutdown();
+      fast.Stop();
+      return 1;
+    }
+  }
   server->GetHealthCheckService()->SetServingStatus(true);
-  SPDLOG_INFO("kvtierd {} serving on unix:{}", KVTIER_VERSION, socket);
+  SPDLOG_INFO("kvtierd {} serving on unix:{}{}", KVTIER_VERSION, socket,
+              admin_socket.empty()
+                  ? ""
+                  : absl::StrCat(", operators on unix:", admin_socket));
   // Banks and index are ready and the socket accepts: tell systemd. The
   // watchdog pings while the core answers Stats (its locks are not stuck).
   notifier.Ready(
@@ -455,6 +534,10 @@ int Main(int argc, char** argv) {
     notifier.Stopping("draining: segments are kept");
     server->GetHealthCheckService()->SetServingStatus(false);
     service.DrainSessions();
+    if (admin_server) {
+      admin_server->Shutdown(std::chrono::system_clock::now() +
+                             std::chrono::seconds(2));
+    }
     server->Shutdown(std::chrono::system_clock::now() +
                      std::chrono::seconds(2));
   });
@@ -465,6 +548,7 @@ int Main(int argc, char** argv) {
   SetLatencySink(nullptr);
   metrics.Stop();
   ::unlink(socket.c_str());
+  if (!admin_socket.empty()) ::unlink(admin_socket.c_str());
   SPDLOG_INFO("kvtierd stopped");
   return 0;
 }

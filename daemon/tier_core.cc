@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "daemon/tier_namespace.h"
@@ -22,14 +23,6 @@ namespace kvtier::daemon {
 namespace {
 
 uint64_t RoundUp16(uint64_t n) { return (n + 15) & ~uint64_t{15}; }
-
-absl::Status CheckVersion(uint32_t v) {
-  if (v != 0 && v != kApiVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "api_version: daemon speaks ", kApiVersion, ", request has ", v));
-  }
-  return absl::OkStatus();
-}
 
 // Splits packed `bytes` into keys of `hash_bytes` each.
 absl::Status ParseHashes(absl::string_view bytes, uint32_t hash_bytes,
@@ -415,7 +408,7 @@ absl::Status TierCore::CreateNamespace(const std::string& name,
 
 absl::Status TierCore::Attach(const v1::AttachRequest& req,
                               v1::AttachResponse* resp) {
-  if (absl::Status s = CheckVersion(req.api_version()); !s.ok()) return s;
+  if (absl::Status s = CheckApiVersion(req.api_version()); !s.ok()) return s;
   absl::MutexLock lock(&mu_);
   auto session = sessions_.find(req.session_id());
   if (session == sessions_.end()) {
@@ -475,10 +468,17 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
   resp->set_page_rows(n.page_rows);
   resp->set_snapshot_rows(n.snapshot_rows);
   resp->set_max_replay_tokens(n.max_replay_tokens);
-  for (const DevicePoolExport& e : options_.device_pools) {
+  for (uint32_t i = 0; i < options_.device_pools.size(); ++i) {
+    const DevicePoolExport& e = options_.device_pools[i];
     v1::DevicePool* p = resp->add_device_pools();
     p->set_device_ordinal(e.device_ordinal);
     p->set_pci_bus_id(e.pci_bus_id);
+    // A pool's handle maps all of its GPU memory: only to the namespaces
+    // it serves (--device_pool_namespaces).
+    if (!PoolServes(i, n.name)) {
+      p->set_withheld(true);
+      continue;
+    }
     p->set_ipc_handle(e.ipc_handle);
     p->set_rows(e.rows);
     p->set_row_bytes(e.row_bytes);
@@ -493,7 +493,7 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
 absl::StatusOr<std::shared_ptr<TierCore::Namespace>> TierCore::Resolve(
     uint32_t api_version, uint64_t session_id, uint64_t namespace_id,
     uint32_t* rank) {
-  if (absl::Status s = CheckVersion(api_version); !s.ok()) return s;
+  if (absl::Status s = CheckApiVersion(api_version); !s.ok()) return s;
   absl::ReaderMutexLock lock(&mu_);
   auto session = sessions_.find(session_id);
   if (session == sessions_.end()) {
@@ -517,7 +517,7 @@ absl::StatusOr<std::shared_ptr<TierCore::Namespace>> TierCore::Resolve(
 
 absl::Status TierCore::Lookup(const v1::LookupRequest& req,
                               v1::LookupResponse* resp) {
-  if (absl::Status s = CheckVersion(req.api_version()); !s.ok()) return s;
+  if (absl::Status s = CheckApiVersion(req.api_version()); !s.ok()) return s;
   LookupOutcome out;
   if (req.has_device_pool() && req.device_pool() >= device_tiers_.size()) {
     return absl::InvalidArgumentError(
@@ -563,6 +563,11 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
   auto ns_or = Resolve(0, session_id, namespace_id, &rank);
   if (!ns_or.ok()) return ns_or.status();
   Namespace& ns = **ns_or;
+  if (device_pool >= 0 && !PoolServes(device_pool, ns.name)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "device_pool: pool ", device_pool, " does not serve namespace '",
+        ns.name, "' (kvtierd --device_pool_namespaces)"));
+  }
   // 32-byte hashes are HashKeys already: look them up in place (no 48 KiB
   // copy per 1,536-page lookup); shorter ones are padded into a copy.
   std::vector<HashKey> padded;
@@ -706,6 +711,12 @@ absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
       return absl::InvalidArgumentError(absl::StrCat(
           "device_pool: ", req.device_pool(), " but the daemon has ",
           device_tiers_.size(), " device pools (kvtierd --device_pool_bytes)"));
+    }
+    if (!PoolServes(req.device_pool(), ns.name)) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("device_pool: pool ", req.device_pool(),
+                       " does not serve namespace '", ns.name,
+                       "' (kvtierd --device_pool_namespaces)"));
     }
     const DevicePoolExport& e = options_.device_pools[req.device_pool()];
     if (ns.layout.snapshot_row_bytes() == 0 ||
@@ -1132,10 +1143,17 @@ absl::Status TierCore::Release(const v1::ReleaseRequest& req,
   return absl::OkStatus();
 }
 
-absl::Status TierCore::Drop(const v1::DropRequest& req,
-                            v1::DropResponse* resp) {
-  if (absl::Status s = CheckVersion(req.api_version()); !s.ok()) return s;
+absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
+                            const Caller& caller) {
+  if (absl::Status s = CheckApiVersion(req.api_version()); !s.ok()) return s;
   if (absl::Status s = ValidateNamespaceName(req.namespace_()); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckNamespaceRight(
+          Caller{caller.operator_socket,
+                 caller.session_id != 0 ? caller.session_id : req.session_id()},
+          req.namespace_(), "drop");
+      !s.ok()) {
     return s;
   }
   std::shared_ptr<Namespace> ns;
@@ -1325,13 +1343,22 @@ void TierCore::FillNamespaceInfo(Namespace& ns, v1::NamespaceInfo* info) {
 }
 
 absl::Status TierCore::Stats(const v1::StatsRequest& req,
-                             v1::StatsResponse* resp) {
-  if (absl::Status s = CheckVersion(req.api_version()); !s.ok()) return s;
+                             v1::StatsResponse* resp, const Caller& caller) {
+  if (absl::Status s = CheckApiVersion(req.api_version()); !s.ok()) return s;
   std::vector<std::shared_ptr<Namespace>> all;
   {
     absl::ReaderMutexLock lock(&mu_);
     resp->set_sessions(sessions_.size());
     for (const auto& [name, ns] : by_name_) all.push_back(ns);
+  }
+  const Caller who{caller.operator_socket, caller.session_id != 0
+                                               ? caller.session_id
+                                               : req.session_id()};
+  if (!who.operator_socket) {
+    // An engine sees only the namespaces it may attach to.
+    std::erase_if(all, [&](const std::shared_ptr<Namespace>& ns) {
+      return !CheckNamespaceRight(who, ns->name, "list").ok();
+    });
   }
   std::sort(all.begin(), all.end(),
             [](const auto& a, const auto& b) { return a->name < b->name; });
@@ -1339,6 +1366,10 @@ absl::Status TierCore::Stats(const v1::StatsRequest& req,
   resp->set_uptime_seconds(absl::ToInt64Seconds(absl::Now() - started_));
   resp->set_instances(static_cast<uint32_t>(fence_->instances()));
   for (const Unrecoverable& u : UnrecoverableNamespaces()) {
+    if (!who.operator_socket &&
+        !CheckNamespaceRight(who, u.name, "list").ok()) {
+      continue;
+    }
     v1::UnrecoverableNamespace* out = resp->add_unrecoverable();
     out->set_name(u.name);
     out->set_reason(u.reason);
@@ -1352,18 +1383,31 @@ absl::Status TierCore::Stats(const v1::StatsRequest& req,
 }
 
 absl::Status TierCore::ListNamespaces(const v1::ListNamespacesRequest& req,
-                                      v1::ListNamespacesResponse* resp) {
+                                      v1::ListNamespacesResponse* resp,
+                                      const Caller& caller) {
+  v1::StatsRequest stats_req;
+  stats_req.set_session_id(req.session_id());
   v1::StatsResponse stats;
-  if (absl::Status s = Stats(v1::StatsRequest(), &stats); !s.ok()) return s;
-  if (absl::Status s = CheckVersion(req.api_version()); !s.ok()) return s;
+  if (absl::Status s = Stats(stats_req, &stats, caller); !s.ok()) return s;
+  if (absl::Status s = CheckApiVersion(req.api_version()); !s.ok()) return s;
   resp->mutable_namespaces()->Swap(stats.mutable_namespaces());
   return absl::OkStatus();
 }
 
 absl::Status TierCore::ListPrefixes(const v1::ListPrefixesRequest& req,
-                                    v1::ListPrefixesResponse* resp) {
-  if (absl::Status s = CheckVersion(req.api_version()); !s.ok()) return s;
+                                    v1::ListPrefixesResponse* resp,
+                                    const Caller& caller) {
+  if (absl::Status s = CheckApiVersion(req.api_version()); !s.ok()) return s;
   if (absl::Status s = ValidateNamespaceName(req.namespace_()); !s.ok()) {
+    return s;
+  }
+  // Which prompts are cached is the namespace's secret: testing a guessed
+  // prompt's hash needs the right to list.
+  if (absl::Status s = CheckNamespaceRight(
+          Caller{caller.operator_socket,
+                 caller.session_id != 0 ? caller.session_id : req.session_id()},
+          req.namespace_(), "list");
+      !s.ok()) {
     return s;
   }
   if (!v1::ListPrefixesRequest::Order_IsValid(req.order())) {
@@ -1404,7 +1448,7 @@ absl::Status TierCore::ListPrefixes(const v1::ListPrefixesRequest& req,
   return absl::OkStatus();
 }
 
-absl::Status TierCore::CheckInvariants() {
+absl::Status TierCore::CheckInvariants(bool pace) {
   std::vector<std::shared_ptr<Namespace>> all;
   absl::flat_hash_map<uint64_t, bool> live;
   {
@@ -1413,6 +1457,12 @@ absl::Status TierCore::CheckInvariants() {
     for (const auto& [id, s] : sessions_) live[id] = true;
   }
   for (auto& ns : all) {
+    // Paced (Verify): after each namespace, as long a pause as its check
+    // held the lock, so lookups get at least half of the time.
+    const absl::Time held_from = absl::Now();
+    absl::Cleanup pause = [&] {
+      if (pace) absl::SleepFor(absl::Now() - held_from);
+    };
     absl::MutexLock lock(&ns->mu);
     if (absl::Status s = ns->index->CheckInvariants(); !s.ok()) {
       return absl::InternalError(
@@ -1467,19 +1517,6 @@ absl::Status TierCore::CheckInvariants() {
       }
     }
   }
-  return absl::OkStatus();
-}
-
-absl::Status TierCore::Verify(const v1::VerifyRequest& req,
-                              v1::VerifyResponse* resp) {
-  if (absl::Status s = CheckVersion(req.api_version()); !s.ok()) return s;
-  {
-    absl::ReaderMutexLock lock(&mu_);
-    resp->set_namespaces_checked(by_name_.size());
-  }
-  absl::Status s = CheckInvariants();
-  resp->set_ok(s.ok());
-  if (!s.ok()) resp->set_violation(std::string(s.message()));
   return absl::OkStatus();
 }
 

@@ -85,10 +85,13 @@ struct TierOptions {
   // with an empty index.
   std::string state_dir;
   JournalOptions journal;
-  // The daemon's device pools (daemon/device_pool.h), handed to every
-  // Attach; empty unless kvtierd --device_pool_bytes > 0. Their owner
-  // (kvtierd's main) outlives the TierCore.
+  // The daemon's device pools (daemon/device_pool.h); empty unless kvtierd
+  // --device_pool_bytes > 0. Their owner (kvtierd's main) outlives the
+  // TierCore. Their handles go only to sessions attached to a namespace
+  // matching device_pool_namespaces (patterns as in --namespace_acl: a
+  // name, or a prefix and '*'; empty: every namespace).
   std::vector<DevicePoolExport> device_pools;
+  std::vector<std::string> device_pool_namespaces;
   // The fence protocol's policy (daemon/fence_registry.h).
   FenceOptions fence;
   // A corrupt journal (JournalContents::corrupt): false keeps its
@@ -102,6 +105,17 @@ struct TierOptions {
   uint32_t max_session_reservations = 4096;
   uint32_t max_session_leases = 1u << 16;
   uint64_t max_session_reserved_rows = 0;
+};
+
+// Who makes an introspection or drop request (daemon/tier_access.cc).
+struct Caller {
+  // Came in on the operator socket (kvtierd's <socket>.admin, which only
+  // --admin_group and the daemon's uid can reach), or from inside the
+  // daemon: every right.
+  bool operator_socket = true;
+  // Otherwise: the session whose bound peer credentials decide (0: none,
+  // which may act only on namespaces no --namespace_acl entry governs).
+  uint64_t session_id = 0;
 };
 
 class TierCore {
@@ -187,18 +201,40 @@ class TierCore {
                      v1::AbortResponse* response);
   absl::Status Release(const v1::ReleaseRequest& request,
                        v1::ReleaseResponse* response);
-  absl::Status Drop(const v1::DropRequest& request, v1::DropResponse* response);
+  // Drop, Stats, ListNamespaces and ListPrefixes act only on what `caller`
+  // may see (CheckNamespaceRight): an engine-socket caller gets
+  // PERMISSION_DENIED naming the right it lacks for Drop and ListPrefixes,
+  // and sees only its namespaces in Stats and ListNamespaces.
+  absl::Status Drop(const v1::DropRequest& request, v1::DropResponse* response,
+                    const Caller& caller = {});
   absl::Status Stats(const v1::StatsRequest& request,
-                     v1::StatsResponse* response);
+                     v1::StatsResponse* response, const Caller& caller = {});
   absl::Status ListNamespaces(const v1::ListNamespacesRequest& request,
-                              v1::ListNamespacesResponse* response);
+                              v1::ListNamespacesResponse* response,
+                              const Caller& caller = {});
   absl::Status ListPrefixes(const v1::ListPrefixesRequest& request,
-                            v1::ListPrefixesResponse* response);
+                            v1::ListPrefixesResponse* response,
+                            const Caller& caller = {});
 
   // Runs CheckInvariants for the Verify RPC: OK with ok=false and the
-  // violation when one is found.
+  // violation when one is found. Operators only (PERMISSION_DENIED on the
+  // engine socket). Bounded so it cannot stall lookups: one Verify at a
+  // time (another is RESOURCE_EXHAUSTED), one namespace's lock at a time,
+  // and after each namespace it waits as long as that namespace's check
+  // held the lock, so lookups get at least half of every namespace's time.
   absl::Status Verify(const v1::VerifyRequest& request,
-                      v1::VerifyResponse* response);
+                      v1::VerifyResponse* response, const Caller& caller = {});
+
+  // OK when `caller` may use `right` ("drop", "list") on namespace `name`:
+  // operators always; otherwise when no --namespace_acl entry governs it, or
+  // the caller's session has bound credentials the entry allows.
+  // PERMISSION_DENIED naming the right, the uid and the operator socket;
+  // NOT_FOUND for an unknown session.
+  absl::Status CheckNamespaceRight(const Caller& caller, absl::string_view name,
+                                   absl::string_view right);
+  // True when device pool `pool` serves namespace `name`
+  // (device_pool_namespaces).
+  bool PoolServes(uint32_t pool, absl::string_view name) const;
 
   // Creates a namespace with no session attached (the daemon's --demo
   // namespace). Same validation as Attach.
@@ -208,8 +244,9 @@ class TierCore {
 
   // Checks every namespace's invariants: each row of every bank is free,
   // reserved or committed, never two of them; reservations and leases belong
-  // to live sessions. Returns INTERNAL naming the first violation.
-  absl::Status CheckInvariants();
+  // to live sessions. Returns INTERNAL naming the first violation. With
+  // `pace`, waits after each namespace as long as its check took.
+  absl::Status CheckInvariants(bool pace = false);
 
   // Number of live sessions.
   size_t session_count();
@@ -408,6 +445,8 @@ class TierCore {
   std::atomic<uint64_t> released_gone_{0};
   std::atomic<uint64_t> restart_fences_lifted_{0};
   std::atomic<uint64_t> report_mismatches_{0};
+  // Held by the one Verify running (TryLock: a second is refused).
+  absl::Mutex verify_mu_;
   absl::Mutex sweeper_mu_;
   bool sweeper_stop_ ABSL_GUARDED_BY(sweeper_mu_) = false;
   std::thread sweeper_;

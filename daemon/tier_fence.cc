@@ -273,11 +273,7 @@ void TierCore::StartFenceSweeper(absl::Duration period) {
 
 absl::Status TierCore::Fence(const v1::FenceRequest& req,
                              v1::FenceResponse* resp) {
-  if (req.api_version() != 0 && req.api_version() != kApiVersion) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("api_version: daemon speaks ", kApiVersion,
-                     ", request has ", req.api_version()));
-  }
+  if (absl::Status s = CheckApiVersion(req.api_version()); !s.ok()) return s;
   InstanceKey instance;
   HolderKey process;
   if (!SessionOpen(req.session_id()) ||

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/fence_registry.h"
@@ -23,6 +25,16 @@
 #include "shm/segment.h"
 
 namespace kvtier::daemon {
+
+// OK for api_version 0 (unset) or kApiVersion; FAILED_PRECONDITION naming
+// both otherwise. Every request checks it first.
+inline absl::Status CheckApiVersion(uint32_t v) {
+  if (v != 0 && v != kApiVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "api_version: daemon speaks ", kApiVersion, ", request has ", v));
+  }
+  return absl::OkStatus();
+}
 
 struct TierCore::Namespace {
   struct Reservation {

@@ -200,12 +200,26 @@ KVTIER_UNARY(Commit)
 KVTIER_UNARY(Abort)
 KVTIER_UNARY(Release)
 KVTIER_UNARY(Fence)
-KVTIER_UNARY(Drop)
-KVTIER_UNARY(Stats)
-KVTIER_UNARY(ListNamespaces)
-KVTIER_UNARY(ListPrefixes)
-KVTIER_UNARY(Verify)
 
 #undef KVTIER_UNARY
+
+// The operator RPCs: the socket they came in on decides the caller's rights
+// (the request's session_id, where it has one, decides an engine's).
+#define KVTIER_OPERATOR_UNARY(Method)                                         \
+  grpc::ServerUnaryReactor* TierService::Method(                              \
+      grpc::CallbackServerContext* context, const v1::Method##Request* req,   \
+      v1::Method##Response* resp) {                                           \
+    absl::Status status = core_->Method(                                      \
+        *req, resp, Caller{.operator_socket = operator_socket_});             \
+    return Unary<v1::Method##Request, v1::Method##Response>(context, status); \
+  }
+
+KVTIER_OPERATOR_UNARY(Drop)
+KVTIER_OPERATOR_UNARY(Stats)
+KVTIER_OPERATOR_UNARY(ListNamespaces)
+KVTIER_OPERATOR_UNARY(ListPrefixes)
+KVTIER_OPERATOR_UNARY(Verify)
+
+#undef KVTIER_OPERATOR_UNARY
 
 }  // namespace kvtier::daemon

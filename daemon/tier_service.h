@@ -32,9 +32,16 @@ class SessionDrainer {
 class TierService final : public v1::TierService::CallbackService {
  public:
   // REQUIRES: `core` outlives this service. `fast_lookup_socket` is
-  // announced to each session (empty: no fast path).
-  explicit TierService(TierCore* core, std::string fast_lookup_socket = "")
-      : core_(core), fast_lookup_socket_(std::move(fast_lookup_socket)) {}
+  // announced to each session (empty: no fast path). `operator_socket`:
+  // this service answers the operator socket (<socket>.admin), whose
+  // callers have every right (tier_core.h, Caller); the engine socket's
+  // Drop, Stats, ListNamespaces, ListPrefixes and Verify act only within
+  // the caller's rights.
+  explicit TierService(TierCore* core, std::string fast_lookup_socket = "",
+                       bool operator_socket = false)
+      : core_(core),
+        fast_lookup_socket_(std::move(fast_lookup_socket)),
+        operator_socket_(operator_socket) {}
 
   grpc::ServerBidiReactor<v1::SessionRequest, v1::SessionEvent>* Session(
       grpc::CallbackServerContext* context) override;
@@ -89,6 +96,7 @@ class TierService final : public v1::TierService::CallbackService {
  private:
   TierCore* const core_;
   const std::string fast_lookup_socket_;
+  const bool operator_socket_;
   absl::Mutex sessions_mu_;
   absl::flat_hash_set<SessionDrainer*> sessions_ ABSL_GUARDED_BY(sessions_mu_);
 };

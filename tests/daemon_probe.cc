@@ -39,9 +39,11 @@ absl::StatusOr<Resp> Call(Rpc rpc) {
 
 }  // namespace
 
+// An operator's view: the operator socket beside the engine socket, where
+// Stats lists every namespace and Verify is allowed.
 DaemonProbe::DaemonProbe(const std::string& socket)
     : stub_(v1::TierService::NewStub(grpc::CreateChannel(
-          "unix:" + socket, grpc::InsecureChannelCredentials()))) {}
+          "unix:" + socket + ".admin", grpc::InsecureChannelCredentials()))) {}
 
 absl::StatusOr<v1::StatsResponse> DaemonProbe::Stats() {
   return Call<v1::StatsResponse>(

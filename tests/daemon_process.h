@@ -68,6 +68,8 @@ class DaemonProcess {
   void Signal(int sig);
 
   const std::string& socket() const { return socket_; }
+  // The operator socket (kvtierd --admin_socket's default).
+  std::string admin_socket() const { return socket_ + ".admin"; }
   const std::string& shm_dir() const { return shm_dir_; }
   const std::string& dir() const { return dir_; }
 

@@ -152,7 +152,8 @@ TEST(LoadTest, SixteenClientsOnABankTenTimesTooSmall) {
   peak_rss = std::max(peak_rss, end_rss);
 
   // Nothing left behind.
-  auto channel = grpc::CreateChannel("unix:" + daemon.socket(),
+  // An operator's checks: the operator socket (Verify, every namespace).
+  auto channel = grpc::CreateChannel("unix:" + daemon.admin_socket(),
                                      grpc::InsecureChannelCredentials());
   auto stub = v1::TierService::NewStub(channel);
   {

@@ -213,7 +213,10 @@ struct Connection {
     const int fd = DialFast(path, &why);
     absl::MutexLock lock(&fast_mu);
     fast_error = why;
-    if (fd < 0) return;
+    if (fd < 0) {
+      if (keep && !path.empty()) LogFallback(why);
+      return;
+    }
     if (!keep) {
       ::close(fd);
       return;
@@ -370,13 +373,17 @@ struct Connection {
                        ? "no answer within the per-RPC deadline"
                    : err == 0 ? "connection closed by kvtierd"
                               : std::strerror(err);
-      if (!fast_fallback_logged.exchange(true)) {
-        std::fprintf(stderr,
-                     "kvtier: fast lookup unavailable (%s), using gRPC\n",
-                     fast_error.c_str());
-      }
+      LogFallback(fast_error);
     }
     return ok;
+  }
+
+  // Says once per Client that lookups go over gRPC, and why.
+  void LogFallback(const std::string& why) {
+    if (!fast_fallback_logged.exchange(true)) {
+      std::fprintf(stderr, "kvtier: fast lookup unavailable (%s), using gRPC\n",
+                   why.c_str());
+    }
   }
 
   // `s`, an Attach's error, with why this client's credentials are unbound

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <optional>
 #include <string>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -396,13 +397,23 @@ void FastLookupServer::ReadHello(uint64_t seq) {
   // Serving threads block in read().
   const int flags = ::fcntl(taken.fd, F_GETFL);
   ::fcntl(taken.fd, F_SETFL, flags & ~O_NONBLOCK);
+  const uint64_t id = next_id_++;
+  try {
+    threads_[id] =
+        std::thread([this, id, fd = taken.fd, uid = taken.uid,
+                     hello = taken.hello] { Serve(id, fd, uid, hello); });
+  } catch (const std::system_error& e) {
+    // Out of threads (RLIMIT_NPROC, memory): this engine retries.
+    threads_.erase(id);
+    if (of_uid == 0) served_per_uid_.erase(taken.uid);
+    RefuseHello(taken.fd, absl::StatusCode::kResourceExhausted);
+    ::close(taken.fd);
+    SPDLOG_ERROR("fast lookup: cannot start a serving thread: {}", e.what());
+    return;
+  }
   ++of_uid;
   connections_.insert(taken.fd);
   AddFastLookupConnections(0, 1);
-  const uint64_t id = next_id_++;
-  threads_[id] =
-      std::thread([this, id, fd = taken.fd, uid = taken.uid,
-                   hello = taken.hello] { Serve(id, fd, uid, hello); });
 }
 
 void FastLookupServer::Serve(uint64_t id, int fd, uid_t uid,

@@ -12,6 +12,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -196,65 +198,164 @@ struct Connection {
   // The namespaces to re-attach after a reconnection.
   std::vector<std::weak_ptr<NamespaceState>> namespaces ABSL_GUARDED_BY(mu);
   // The fast lookup path; -1 when not offered or broken. One request at a
-  // time per connection.
+  // time per connection; every read and write on it has the per-RPC
+  // deadline (SO_RCVTIMEO/SO_SNDTIMEO), so fast_mu is never held longer.
   absl::Mutex fast_mu;
   int fast_fd ABSL_GUARDED_BY(fast_mu) = -1;
+  // Why the last Hello failed ("" when it succeeded): explains an Attach
+  // refused for unbound credentials.
+  std::string fast_error ABSL_GUARDED_BY(fast_mu);
+  // Whether "fast lookup unavailable" was logged (once per Client).
+  std::atomic<bool> fast_fallback_logged{false};
 
   // Connects the fast lookup path; its Hello also binds this process's
   // credentials (SO_PEERCRED) to the session, which the daemon needs before
   // Attach. Keeps the connection for lookups when `keep`, else closes it
-  // once bound. Leaves fast_fd at -1 on any failure.
+  // once bound. Takes at most the per-RPC deadline. Leaves fast_fd at -1 on
+  // any failure, with the reason in fast_error; lookups then use gRPC.
   void ConnectFast(const std::string& path, bool keep) {
-    sockaddr_un addr{};
-    if (path.empty() || path.size() >= sizeof(addr.sun_path)) return;
-    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0) return;
-    addr.sun_family = AF_UNIX;
-    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-    fastpath::Hello hello;
-    hello.session_id = session_id;
-    iovec iov{&hello, sizeof(hello)};
-    fastpath::HelloReply reply;
-    // The per-RPC deadline bounds every read and write on this socket too: a
-    // stalled daemon fails the fast lookup (the caller falls back to gRPC,
-    // which has the same deadline) instead of blocking the engine.
-    const absl::Duration t = std::max(timeout, absl::Milliseconds(1));
-    const timeval tv{
-        static_cast<time_t>(absl::ToInt64Seconds(t)),
-        static_cast<suseconds_t>(absl::ToInt64Microseconds(t) % 1000000)};
-    if (::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
-        ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0 ||
-        ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-        !fastpath::WriteFullV(fd, &iov, 1) ||
-        !fastpath::ReadFull(fd, &reply, sizeof(reply)) ||
-        reply.magic != fastpath::kReplyMagic || reply.code != 0) {
-      ::close(fd);
+    std::string why;
+    const int fd = DialFast(path, &why);
+    absl::MutexLock lock(&fast_mu);
+    fast_error = why;
+    if (fd < 0) {
+      if (keep && !path.empty()) LogFallback(why);
       return;
     }
     if (!keep) {
       ::close(fd);
       return;
     }
-    absl::MutexLock lock(&fast_mu);
+    if (fast_fd >= 0) ::close(fast_fd);
     fast_fd = fd;
   }
 
+  // Connects `path` and exchanges the Hello before the per-RPC deadline;
+  // returns the connected fd, or -1 with *why. The daemon closes
+  // connections still without a Hello when their uid holds too many (a
+  // flood, maybe of this uid: common/fast_lookup.h), so a connection closed
+  // before the reply is tried again, with backoff, until the deadline.
+  int DialFast(const std::string& path, std::string* why) const {
+    if (path.empty()) {
+      *why = "the daemon offers no fast lookup socket";
+      return -1;
+    }
+    if (path.size() >= sizeof(sockaddr_un::sun_path)) {
+      *why = absl::StrCat(path, ": path too long");
+      return -1;
+    }
+    const absl::Time deadline =
+        absl::Now() + std::max(timeout, absl::Milliseconds(1));
+    absl::Duration backoff = absl::Milliseconds(5);
+    for (int attempt = 1;; ++attempt) {
+      bool retry = false;
+      const int fd = DialFastOnce(path, deadline, why, &retry);
+      if (fd >= 0) return fd;
+      if (!retry || absl::Now() + backoff >= deadline) {
+        *why = absl::StrCat(path, ": ", *why, " (", attempt, " attempts)");
+        return -1;
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, absl::Milliseconds(200));
+    }
+  }
+
+  // One connect + Hello before `deadline`. On failure returns -1, sets *why
+  // and *retry (the daemon closed the connection before answering).
+  int DialFastOnce(const std::string& path, absl::Time deadline,
+                   std::string* why, bool* retry) const {
+    const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      *why = absl::StrCat("socket: ", std::strerror(errno));
+      return -1;
+    }
+    sockaddr_un addr{};
+    addr.sun_family = AF_UNIX;
+    std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+    fastpath::Hello hello;
+    hello.session_id = session_id;
+    iovec iov{&hello, sizeof(hello)};
+    fastpath::HelloReply reply;
+    // The deadline bounds connect (a full backlog), the Hello and its
+    // reply; later it bounds each read and write of a lookup: a stalled
+    // daemon fails the fast lookup (the caller falls back to gRPC, which
+    // has the same deadline) instead of blocking the engine.
+    const absl::Duration left =
+        std::max(deadline - absl::Now(), absl::Milliseconds(1));
+    const absl::Duration t = std::max(timeout, absl::Milliseconds(1));
+    const timeval first{
+        static_cast<time_t>(absl::ToInt64Seconds(left)),
+        static_cast<suseconds_t>(absl::ToInt64Microseconds(left) % 1000000)};
+    const timeval later{
+        static_cast<time_t>(absl::ToInt64Seconds(t)),
+        static_cast<suseconds_t>(absl::ToInt64Microseconds(t) % 1000000)};
+    const char* step = "connect";
+    bool ok =
+        ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &first, sizeof(first)) == 0 &&
+        ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &first, sizeof(first)) == 0 &&
+        ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    const bool connected = ok;
+    if (ok) {
+      step = "sending the Hello";
+      ok = fastpath::WriteFullV(fd, &iov, 1);
+    }
+    if (ok) {
+      step = "reading the Hello's reply";
+      errno = 0;
+      ok = fastpath::ReadFull(fd, &reply, sizeof(reply));
+    }
+    if (!ok) {
+      const int err = errno;
+      ::close(fd);
+      // EOF, a reset or a broken pipe after connecting: the daemon closed
+      // the connection (a flood made room); a timeout uses up the deadline.
+      *retry = connected && (err == 0 || err == ECONNRESET || err == EPIPE);
+      *why = absl::StrCat(step, ": ",
+                          err == 0 ? "connection closed by kvtierd"
+                          : err == EAGAIN || err == EWOULDBLOCK
+                              ? "no answer before the deadline"
+                              : std::strerror(err));
+      return -1;
+    }
+    if (reply.magic != fastpath::kReplyMagic || reply.code != 0) {
+      ::close(fd);
+      const auto code = static_cast<absl::StatusCode>(reply.code);
+      *why =
+          reply.magic != fastpath::kReplyMagic
+              ? std::string("malformed Hello reply")
+          : code == absl::StatusCode::kResourceExhausted
+              ? std::string(
+                    "kvtierd serves as many fast lookup "
+                    "connections as it may (RESOURCE_EXHAUSTED)")
+              : absl::StrCat("Hello refused: ", absl::StatusCodeToString(code));
+      return -1;
+    }
+    if (::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &later, sizeof(later)) != 0 ||
+        ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &later, sizeof(later)) != 0) {
+      ::close(fd);
+      *why = absl::StrCat("setsockopt: ", std::strerror(errno));
+      return -1;
+    }
+    return fd;
+  }
+
   // Runs a lookup over the fast path. Returns false when the path is not
-  // available or broke (the caller then uses gRPC); else fills *status and
-  // the outputs.
+  // available or broke (the caller then uses gRPC; the first time is
+  // logged); else fills *status and the outputs.
   bool FastLookup(uint64_t namespace_id, std::string_view hashes, bool pin,
                   absl::Status* status, fastpath::Reply* reply,
                   std::vector<uint32_t>* rows) {
     absl::MutexLock lock(&fast_mu);
     if (fast_fd < 0) return false;
+    if (hashes.size() > fastpath::kMaxRequestBytes) return false;
     fastpath::Request req;
     req.flags = pin ? fastpath::kFlagPin : 0;
     req.namespace_id = namespace_id;
     req.hash_bytes = static_cast<uint32_t>(hashes.size());
     iovec iov[2] = {{&req, sizeof(req)},
                     {const_cast<char*>(hashes.data()), hashes.size()}};
-    bool ok = hashes.size() <= fastpath::kMaxRequestBytes &&
-              fastpath::WriteFullV(fast_fd, iov, 2) &&
+    errno = 0;
+    bool ok = fastpath::WriteFullV(fast_fd, iov, 2) &&
               fastpath::ReadFull(fast_fd, reply, sizeof(*reply)) &&
               reply->magic == fastpath::kReplyMagic;
     if (ok && reply->code == 0) {
@@ -270,10 +371,42 @@ struct Connection {
                              absl::StrCat("Lookup: ", message));
     }
     if (!ok) {
+      const int err = errno;
       ::close(fast_fd);
       fast_fd = -1;
+      fast_error = err == EAGAIN || err == EWOULDBLOCK
+                       ? "no answer within the per-RPC deadline"
+                   : err == 0 ? "connection closed by kvtierd"
+                              : std::strerror(err);
+      LogFallback(fast_error);
     }
     return ok;
+  }
+
+  // Says once per Client that lookups go over gRPC, and why.
+  void LogFallback(const std::string& why) {
+    if (!fast_fallback_logged.exchange(true)) {
+      std::fprintf(stderr, "kvtier: fast lookup unavailable (%s), using gRPC\n",
+                   why.c_str());
+    }
+  }
+
+  // `s`, an Attach's error, with why this client's credentials are unbound
+  // when the daemon refused it for that.
+  absl::Status ExplainAttach(absl::Status s) {
+    if (!absl::IsFailedPrecondition(s) ||
+        !absl::StrContains(s.message(), "no verified peer credentials")) {
+      return s;
+    }
+    absl::MutexLock lock(&fast_mu);
+    if (fast_error.empty()) return s;
+    return absl::Status(
+        s.code(), absl::StrCat(s.message(),
+                               ". This client could not bind them: the "
+                               "fast lookup Hello failed: ",
+                               fast_error,
+                               ". Attach needs it unless kvtierd runs with "
+                               "--require_peer_credentials=false"));
   }
 
   void Deadline(grpc::ClientContext* ctx) const {
@@ -1352,7 +1485,7 @@ absl::StatusOr<std::unique_ptr<Namespace>> Client::Attach(
   if (absl::Status s = client::FromGrpc(
           connection_->stub->Attach(&ctx, req, &resp), "Attach");
       !s.ok()) {
-    return s;
+    return connection_->ExplainAttach(std::move(s));
   }
 
   auto state = std::make_shared<NamespaceState>();

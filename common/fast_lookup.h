@@ -14,7 +14,11 @@
 //   daemon -> client  Reply{...} + usable_pages * uint32 rows + message
 // The session id (an unguessable 64-bit capability from the gRPC Session
 // stream) authorises the connection; a connection is closed on any framing
-// error. Pins taken here belong to the session and die with it.
+// error, and one that sends no Hello within the daemon's deadline (1 s by
+// default) is closed too: a client sends its Hello right after connect and
+// connects again if the connection ends before the reply. A HelloReply code
+// of RESOURCE_EXHAUSTED means the daemon serves as many connections as it
+// may. Pins taken here belong to the session and die with it.
 //
 // Thread-safety: plain structs and stateless helpers.
 #ifndef KVTIER_COMMON_FAST_LOOKUP_H_
@@ -35,7 +39,11 @@ inline constexpr uint32_t kRequestMagic = 0x5152564bu;  // "KVRQ"
 inline constexpr uint32_t kReplyMagic = 0x5052564bu;    // "KVRP"
 inline constexpr uint32_t kVersion = 1;
 inline constexpr uint32_t kFlagPin = 1;
-inline constexpr uint32_t kMaxRequestBytes = 64u << 20;
+// The largest request that can be valid: the most pages a lookup may name
+// (daemon kMaxLookupPages, 1 << 20) times the longest hash (32 bytes).
+inline constexpr uint32_t kMaxLookupHashes = 1u << 20;
+inline constexpr uint32_t kMaxHashBytes = 32;
+inline constexpr uint32_t kMaxRequestBytes = kMaxLookupHashes * kMaxHashBytes;
 
 struct Hello {
   uint32_t magic = kHelloMagic;

@@ -1,23 +1,67 @@
 // FastLookupServer: the fast lookup path's daemon side.
 #include "daemon/fast_lookup_server.h"
 
+#include <fcntl.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "common/fast_lookup.h"
 #include "daemon/metrics.h"
 #include "daemon/peer_credentials.h"
 #include "spdlog/spdlog.h"
 
 namespace kvtier::daemon {
+namespace {
+
+static_assert(fastpath::kMaxLookupHashes == kMaxLookupPages,
+              "the fast path's request cap follows the lookup page limit");
+static_assert(fastpath::kMaxHashBytes == sizeof(HashKey::bytes),
+              "the fast path's request cap follows the longest hash");
+
+// A request's hash buffer grows from this as bytes arrive, doubling.
+constexpr size_t kFirstChunk = 64 << 10;
+// Buffers above this are given back once their request is answered.
+constexpr size_t kKeepBytes = 1 << 20;
+// How often the same kind of refusal is logged.
+constexpr std::chrono::seconds kLogInterval(10);
+// Accepting pauses this long when out of fds without a reserve fd.
+constexpr std::chrono::milliseconds kAcceptPause(100);
+// Connections accepted per wake-up before pending Hellos are read.
+constexpr int kAcceptBatch = 256;
+
+// Sends a HelloReply of `code` on non-blocking `fd` (a fresh socket's buffer
+// always has room for it); best effort.
+void RefuseHello(int fd, absl::StatusCode code) {
+  fastpath::HelloReply reply;
+  reply.code = static_cast<int>(code);
+  (void)::send(fd, &reply, sizeof(reply), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+}  // namespace
+
+FastLookupServer::FastLookupServer(TierCore* core,
+                                   const FastLookupOptions& options)
+    : core_(core), options_([&] {
+        FastLookupOptions o = options;
+        o.max_pending_per_uid = std::max(1, o.max_pending_per_uid);
+        o.max_pending = std::max(1, o.max_pending);
+        o.max_request_bytes =
+            std::min(o.max_request_bytes, fastpath::kMaxRequestBytes);
+        return o;
+      }()) {}
 
 FastLookupServer::~FastLookupServer() { Stop(); }
 
@@ -31,7 +75,7 @@ absl::Status FastLookupServer::Start(const std::string& path, gid_t group) {
   if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
     ::unlink(path.c_str());
   }
-  listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (listen_fd_ < 0) {
     return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
   }
@@ -39,7 +83,7 @@ absl::Status FastLookupServer::Start(const std::string& path, gid_t group) {
   std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) !=
           0 ||
-      ::listen(listen_fd_, 64) != 0) {
+      ::listen(listen_fd_, SOMAXCONN) != 0) {
     const int err = errno;
     ::close(listen_fd_);
     listen_fd_ = -1;
@@ -57,8 +101,36 @@ absl::Status FastLookupServer::Start(const std::string& path, gid_t group) {
         absl::StrCat("fast lookup socket ", path, ": setting group ", group,
                      " and mode 0660: ", strerror(err)));
   }
+  epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  epoll_event listen_ev{};
+  listen_ev.events = EPOLLIN;
+  listen_ev.data.u64 = 0;  // Pending connections are numbered from 1.
+  epoll_event wake_ev{};
+  wake_ev.events = EPOLLIN;
+  wake_ev.data.u64 = ~uint64_t{0};
+  if (epoll_fd_ < 0 || wake_fd_ < 0 ||
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, listen_fd_, &listen_ev) != 0 ||
+      ::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, wake_fd_, &wake_ev) != 0) {
+    const int err = errno;
+    for (int* fd : {&epoll_fd_, &wake_fd_, &listen_fd_}) {
+      if (*fd >= 0) ::close(*fd);
+      *fd = -1;
+    }
+    ::unlink(path.c_str());
+    return absl::InternalError(
+        absl::StrCat("fast lookup socket ", path, ": epoll: ", strerror(err)));
+  }
+  reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   path_ = path;
   acceptor_ = std::thread([this] { AcceptLoop(); });
+  SPDLOG_INFO(
+      "fast lookup on {}: Hello within {}, {} pending per uid ({} in all), "
+      "{} served ({} per uid), requests up to {} bytes",
+      path, absl::FormatDuration(options_.hello_deadline),
+      options_.max_pending_per_uid, options_.max_pending,
+      options_.max_connections, options_.max_connections_per_uid,
+      options_.max_request_bytes);
   return absl::OkStatus();
 }
 
@@ -69,9 +141,13 @@ void FastLookupServer::Stop() {
     stopping_ = true;
     for (int fd : connections_) ::shutdown(fd, SHUT_RDWR);
   }
-  ::shutdown(listen_fd_, SHUT_RDWR);
+  const uint64_t one = 1;
+  (void)!::write(wake_fd_, &one, sizeof(one));
   if (acceptor_.joinable()) acceptor_.join();
   ::close(listen_fd_);
+  ::close(epoll_fd_);
+  ::close(wake_fd_);
+  if (reserve_fd_ >= 0) ::close(reserve_fd_);
   ::unlink(path_.c_str());
   absl::flat_hash_map<uint64_t, std::thread> threads;
   {
@@ -79,6 +155,11 @@ void FastLookupServer::Stop() {
     threads.swap(threads_);
   }
   for (auto& [id, t] : threads) t.join();
+}
+
+int FastLookupServer::served_connections() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(connections_.size());
 }
 
 void FastLookupServer::ReapFinished() {
@@ -96,60 +177,279 @@ void FastLookupServer::ReapFinished() {
   for (auto& t : done) t.join();
 }
 
+int FastLookupServer::NextTimeoutMs(Clock::time_point now) const {
+  std::optional<Clock::time_point> next;
+  if (!order_.empty()) next = pending_.at(order_.front()).deadline;
+  if (accept_paused_ && (!next || accept_resume_ < *next)) {
+    next = accept_resume_;
+  }
+  if (!next) return -1;
+  if (*next <= now) return 0;
+  // Rounded up: waking early would only loop.
+  return static_cast<int>(
+      std::chrono::ceil<std::chrono::milliseconds>(*next - now).count());
+}
+
 void FastLookupServer::AcceptLoop() {
+  epoll_event events[64];
   for (;;) {
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    const int n =
+        ::epoll_wait(epoll_fd_, events, 64, NextTimeoutMs(Clock::now()));
+    if (n < 0 && errno != EINTR) {
+      SPDLOG_ERROR("fast lookup epoll_wait: {}", strerror(errno));
+      break;
+    }
+    bool stop = false;
+    for (int i = 0; i < n; ++i) {
+      const uint64_t tag = events[i].data.u64;
+      if (tag == ~uint64_t{0}) {
+        stop = true;
+      } else if (tag == 0) {
+        AcceptReady();
+      } else {
+        ReadHello(tag);  // A closed connection's stale event finds nothing.
+      }
+    }
+    if (stop) break;
+    ReapFinished();
+    const Clock::time_point now = Clock::now();
+    while (!order_.empty() && pending_.at(order_.front()).deadline <= now) {
+      ClosePending(order_.front(), FastLookupClose::kHelloDeadline);
+    }
+    if (accept_paused_ && accept_resume_ <= now) {
+      epoll_event ev{};
+      ev.events = EPOLLIN;
+      ev.data.u64 = 0;
+      accept_paused_ =
+          ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, &ev) != 0;
+      if (accept_paused_) accept_resume_ = now + kAcceptPause;
+    }
+  }
+  while (!order_.empty()) ClosePending(order_.front(), std::nullopt);
+}
+
+void FastLookupServer::AcceptReady() {
+  for (int i = 0; i < kAcceptBatch && !accept_paused_; ++i) {
+    const int fd =
+        ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return;
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return;
+      if (errno == EMFILE || errno == ENFILE) {
+        OnFdsExhausted(errno);
+        continue;
+      }
       SPDLOG_ERROR("fast lookup accept: {}", strerror(errno));
-      continue;
+      return;
     }
-    ReapFinished();
-    absl::MutexLock lock(&mu_);
-    if (stopping_ || connections_.size() >= kMaxConnections) {
+    ucred cred{};
+    socklen_t len = sizeof(cred);
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
       ::close(fd);
-      if (stopping_) return;
       continue;
     }
-    connections_.insert(fd);
-    const uint64_t id = next_id_++;
-    threads_[id] = std::thread([this, id, fd] { Serve(id, fd); });
+    // Room first: the uid's oldest pending connection, then the oldest of
+    // all, give way to this one.
+    auto same_uid = by_uid_.find(cred.uid);
+    if (same_uid != by_uid_.end() &&
+        same_uid->second.size() >=
+            static_cast<size_t>(options_.max_pending_per_uid)) {
+      ClosePending(same_uid->second.front(), FastLookupClose::kUidCap);
+    }
+    if (pending_.size() >= static_cast<size_t>(options_.max_pending)) {
+      ClosePending(order_.front(), FastLookupClose::kPendingCap);
+    }
+    const uint64_t seq = next_seq_++;
+    epoll_event ev{};
+    ev.events = EPOLLIN | EPOLLRDHUP;
+    ev.data.u64 = seq;
+    if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+      SPDLOG_ERROR("fast lookup epoll_ctl: {}", strerror(errno));
+      ::close(fd);
+      continue;
+    }
+    Pending& p = pending_[seq];
+    p.fd = fd;
+    p.uid = cred.uid;
+    p.deadline =
+        Clock::now() + absl::ToChronoNanoseconds(options_.hello_deadline);
+    p.order_pos = order_.insert(order_.end(), seq);
+    std::list<uint64_t>& mine = by_uid_[cred.uid];
+    p.uid_pos = mine.insert(mine.end(), seq);
+    AddFastLookupConnections(1, 0);
+    // An engine sends its Hello right after connect: usually it is here.
+    ReadHello(seq);
   }
 }
 
-void FastLookupServer::Serve(uint64_t id, int fd) {
-  using namespace fastpath;  // NOLINT: the protocol's own names.
-  Hello hello;
-  HelloReply hello_reply;
-  bool ok = ReadFull(fd, &hello, sizeof(hello)) && hello.magic == kHelloMagic;
-  if (ok) {
-    if (hello.version != kVersion) {
-      hello_reply.code =
-          static_cast<int>(absl::StatusCode::kFailedPrecondition);
-    } else {
-      // The kernel's record of this peer becomes the session's identity
-      // (daemon/peer_credentials.h); an unknown session is NOT_FOUND.
-      auto peer = ReadPeerCredentials(fd);
-      absl::Status bound =
-          peer.ok() ? core_->BindPeerCredentials(hello.session_id, *peer)
-                    : peer.status();
-      hello_reply.code = static_cast<int>(bound.code());
+void FastLookupServer::OnFdsExhausted(int err) {
+  const Clock::time_point now = Clock::now();
+  bool shed = false;
+  if (!order_.empty()) {
+    // The oldest connection still without a Hello gives way, as at the
+    // pending caps: a flood cannot keep an engine out by exhausting fds.
+    ClosePending(order_.front(), FastLookupClose::kNoFds);
+    shed = true;
+  } else if (reserve_fd_ >= 0) {
+    // The reserve fd makes room to accept the connection and close it, so
+    // the listener drains instead of staying readable (a busy loop).
+    ::close(reserve_fd_);
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) {
+      CountFastLookupClose(FastLookupClose::kNoFds);
+      ::close(fd);
+      shed = true;
     }
-    iovec iov{&hello_reply, sizeof(hello_reply)};
-    ok = WriteFullV(fd, &iov, 1) && hello_reply.code == 0;
+    reserve_fd_ = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
   }
+  if (!shed) {
+    // Nothing to shed with: stop watching the listener for a moment.
+    epoll_event ev{};
+    ev.data.u64 = 0;
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_MOD, listen_fd_, &ev);
+    accept_paused_ = true;
+    accept_resume_ = now + kAcceptPause;
+  }
+  ++fd_refusals_;
+  if (now - last_fd_log_ >= kLogInterval) {
+    SPDLOG_ERROR(
+        "fast lookup accept: {}: out of file descriptors ({} pending, {} "
+        "served connections); {} connections shed since the last report "
+        "(raise RLIMIT_NOFILE: LimitNOFILE= in the unit)",
+        strerror(err), pending_.size(), served_connections(), fd_refusals_);
+    last_fd_log_ = now;
+    fd_refusals_ = 0;
+  }
+}
+
+FastLookupServer::Pending FastLookupServer::TakePending(uint64_t seq) {
+  auto it = pending_.find(seq);
+  Pending p = std::move(it->second);
+  pending_.erase(it);
+  order_.erase(p.order_pos);
+  auto uid = by_uid_.find(p.uid);
+  uid->second.erase(p.uid_pos);
+  if (uid->second.empty()) by_uid_.erase(uid);
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, p.fd, nullptr);
+  AddFastLookupConnections(-1, 0);
+  return p;
+}
+
+void FastLookupServer::ClosePending(uint64_t seq,
+                                    std::optional<FastLookupClose> why) {
+  const Pending p = TakePending(seq);
+  if (why) CountFastLookupClose(*why);  // Before the peer can see the close.
+  ::close(p.fd);
+}
+
+void FastLookupServer::ReadHello(uint64_t seq) {
+  auto it = pending_.find(seq);
+  if (it == pending_.end()) return;
+  Pending& p = it->second;
+  for (;;) {
+    const ssize_t r = ::recv(p.fd, reinterpret_cast<char*>(&p.hello) + p.got,
+                             sizeof(p.hello) - p.got, MSG_DONTWAIT);
+    if (r > 0) {
+      p.got += static_cast<size_t>(r);
+      if (p.got == sizeof(p.hello)) break;
+      continue;
+    }
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+    ClosePending(seq, std::nullopt);  // EOF or error before a Hello.
+    return;
+  }
+  if (p.hello.magic != fastpath::kHelloMagic) {
+    ClosePending(seq, FastLookupClose::kBadHello);
+    return;
+  }
+  if (p.hello.version != fastpath::kVersion) {
+    RefuseHello(p.fd, absl::StatusCode::kFailedPrecondition);
+    ClosePending(seq, FastLookupClose::kBadHello);
+    return;
+  }
+  ReapFinished();
+  absl::MutexLock lock(&mu_);
+  int& of_uid = served_per_uid_[p.uid];
+  if (stopping_ ||
+      connections_.size() >= static_cast<size_t>(options_.max_connections) ||
+      of_uid >= options_.max_connections_per_uid) {
+    if (of_uid == 0) served_per_uid_.erase(p.uid);
+    if (stopping_) return;  // The loop closes it on its way out.
+    const uid_t uid = p.uid;
+    RefuseHello(p.fd, absl::StatusCode::kResourceExhausted);
+    ClosePending(seq, FastLookupClose::kServedCap);
+    ++cap_refusals_;
+    const Clock::time_point now = Clock::now();
+    if (now - last_cap_log_ >= kLogInterval) {
+      SPDLOG_WARN(
+          "fast lookup: refused {} Hellos since the last report, the latest "
+          "from uid {}: serving {} connections (--fast_lookup_max_connections "
+          "{}, --fast_lookup_max_connections_per_uid {})",
+          cap_refusals_, uid, connections_.size(), options_.max_connections,
+          options_.max_connections_per_uid);
+      last_cap_log_ = now;
+      cap_refusals_ = 0;
+    }
+    return;
+  }
+  Pending taken = TakePending(seq);
+  // Serving threads block in read().
+  const int flags = ::fcntl(taken.fd, F_GETFL);
+  ::fcntl(taken.fd, F_SETFL, flags & ~O_NONBLOCK);
+  const uint64_t id = next_id_++;
+  try {
+    threads_[id] =
+        std::thread([this, id, fd = taken.fd, uid = taken.uid,
+                     hello = taken.hello] { Serve(id, fd, uid, hello); });
+  } catch (const std::system_error& e) {
+    // Out of threads (RLIMIT_NPROC, memory): this engine retries.
+    threads_.erase(id);
+    if (of_uid == 0) served_per_uid_.erase(taken.uid);
+    RefuseHello(taken.fd, absl::StatusCode::kResourceExhausted);
+    ::close(taken.fd);
+    SPDLOG_ERROR("fast lookup: cannot start a serving thread: {}", e.what());
+    return;
+  }
+  ++of_uid;
+  connections_.insert(taken.fd);
+  AddFastLookupConnections(0, 1);
+}
+
+void FastLookupServer::Serve(uint64_t id, int fd, uid_t uid,
+                             fastpath::Hello hello) {
+  using namespace fastpath;  // NOLINT: the protocol's own names.
+  HelloReply hello_reply;
+  {
+    // The kernel's record of this peer becomes the session's identity
+    // (daemon/peer_credentials.h); an unknown session is NOT_FOUND.
+    auto peer = ReadPeerCredentials(fd);
+    absl::Status bound =
+        peer.ok() ? core_->BindPeerCredentials(hello.session_id, *peer)
+                  : peer.status();
+    hello_reply.code = static_cast<int>(bound.code());
+  }
+  iovec hello_iov{&hello_reply, sizeof(hello_reply)};
+  bool ok = WriteFullV(fd, &hello_iov, 1) && hello_reply.code == 0;
   std::string hashes;
   TierCore::LookupOutcome out;
   while (ok) {
     Request req;
     if (!ReadFull(fd, &req, sizeof(req)) || req.magic != kRequestMagic ||
-        req.hash_bytes > kMaxRequestBytes) {
+        req.hash_bytes > options_.max_request_bytes) {
       break;
     }
-    hashes.resize(req.hash_bytes);
-    if (!ReadFull(fd, hashes.data(), hashes.size())) break;
+    // The buffer grows only as bytes arrive: a header that claims a large
+    // request costs nothing until its bytes are sent.
+    hashes.clear();
+    while (ok && hashes.size() < req.hash_bytes) {
+      const size_t have = hashes.size();
+      const size_t chunk =
+          std::min<size_t>(req.hash_bytes - have, std::max(kFirstChunk, have));
+      hashes.resize(have + chunk);
+      ok = ReadFull(fd, hashes.data() + have, chunk);
+    }
+    if (!ok) break;
     OpTimer timer(TimedOp::kLookup, Transport::kFastPath);
     absl::Status s =
         core_->LookupHashes(hello.session_id, req.namespace_id, hashes,
@@ -174,14 +474,21 @@ void FastLookupServer::Serve(uint64_t id, int fd) {
       iov[n++] = {message.data(), message.size()};
     }
     ok = WriteFullV(fd, iov, n);
+    // Memory per connection stays small between requests.
+    if (hashes.capacity() > kKeepBytes) std::string().swap(hashes);
+    if (out.rows.capacity() * sizeof(uint32_t) > kKeepBytes) {
+      std::vector<uint32_t>().swap(out.rows);
+    }
   }
   {
     // Forget the fd before closing it, so Stop never shuts down a number
     // the kernel has handed to someone else.
     absl::MutexLock lock(&mu_);
     connections_.erase(fd);
+    if (--served_per_uid_[uid] <= 0) served_per_uid_.erase(uid);
     finished_.push_back(id);
   }
+  AddFastLookupConnections(0, -1);
   ::close(fd);
 }
 

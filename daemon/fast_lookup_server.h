@@ -1,17 +1,50 @@
 // FastLookupServer: serves the fast lookup path (common/fast_lookup.h) on a
-// unix socket beside gRPC. One thread per engine connection blocks in read()
-// and answers with TierCore::LookupHashes: no HTTP/2, no thread hand-off.
-// Engines are few per node (one per GPU), so a thread each is cheap; the
-// number of connections is capped. A connection's Hello also binds the
-// peer's SO_PEERCRED to its session: this socket is how the daemon learns
-// who an engine is (daemon/peer_credentials.h).
+// unix socket beside gRPC. A connection's Hello binds the peer's SO_PEERCRED
+// to its session: this socket is how the daemon learns who an engine is
+// (daemon/peer_credentials.h), so it must stay reachable for engines however
+// other members of the socket's group abuse it.
 //
-// Thread-safety: Start and Stop from one thread; serving threads are internal.
+// Two stages. Until its Hello arrives a connection is *pending*: it costs an
+// fd and a few dozen bytes, no thread. One acceptor thread accepts and waits
+// for every pending connection's Hello in one epoll loop, for at most
+// FastLookupOptions::hello_deadline, after which the connection is closed.
+// Pending connections count against their peer's uid (SO_PEERCRED at
+// accept): a uid at max_pending_per_uid loses its OLDEST pending connection
+// to make room for the new one. So a flood of silent connections from any
+// uid, the engine's own included, delays an engine's Hello (sent right after
+// connect, usually there before the accept) by at most the deadline, and
+// exhausts neither threads nor the served-connection cap. A client whose
+// pending connection was closed sees EOF and connects again.
+//
+// Only a well-formed Hello (magic, version) gets the connection a serving
+// thread: that thread binds the credentials (TierCore::BindPeerCredentials,
+// which may wait on the core's lock, never on the acceptor) and then blocks
+// in read() and answers each request with TierCore::LookupHashes: no HTTP/2,
+// no thread hand-off. Engines are few per node (one per GPU, a Client each),
+// so a thread each is cheap; served connections are capped in all and per
+// uid, and one past a cap is answered RESOURCE_EXHAUSTED and closed (logged,
+// rate-limited). A request's hash buffer grows only as its bytes arrive, up
+// to max_request_bytes, and is given back after a large request.
+//
+// Running out of fds (EMFILE/ENFILE) in accept closes the oldest pending
+// connection to make room; with none pending it sheds the new connection
+// with a reserve fd (so the acceptor does not spin on a listen socket it
+// cannot drain) or, without one, pauses accepting briefly; logged at most
+// once per interval. Closes are counted in the process-wide metrics
+// (daemon/metrics.h, kvtier_fast_lookup_connections_closed_total).
+//
+// Thread-safety: Start and Stop from one thread; the acceptor and serving
+// threads are internal. The pending-connection state is the acceptor
+// thread's alone.
 #ifndef KVTIER_DAEMON_FAST_LOOKUP_SERVER_H_
 #define KVTIER_DAEMON_FAST_LOOKUP_SERVER_H_
 
 #include <sys/types.h>
 
+#include <chrono>
+#include <cstdint>
+#include <list>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,38 +54,114 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/fast_lookup.h"
+#include "daemon/metrics.h"
 #include "daemon/tier_core.h"
 
 namespace kvtier::daemon {
 
+// Limits of the fast lookup socket (kvtierd's --fast_lookup_* flags).
+struct FastLookupOptions {
+  // How long a new connection may take to send its Hello.
+  absl::Duration hello_deadline = absl::Seconds(1);
+  // Most connections awaiting their Hello from one uid; a new one closes
+  // that uid's oldest. At least 1.
+  int max_pending_per_uid = 32;
+  // Most connections awaiting their Hello in all; a new one closes the
+  // oldest. At least 1.
+  int max_pending = 4096;
+  // Most connections being served (Hello accepted) at once, in all and per
+  // uid; beyond, a Hello is answered RESOURCE_EXHAUSTED.
+  int max_connections = 1024;
+  int max_connections_per_uid = 256;
+  // Largest request (bytes of hashes) a connection may send; a larger one
+  // closes it. At most fastpath::kMaxRequestBytes.
+  uint32_t max_request_bytes = fastpath::kMaxRequestBytes;
+};
+
 class FastLookupServer {
  public:
-  static constexpr int kMaxConnections = 1024;
-
   // REQUIRES: `core` outlives this server.
-  explicit FastLookupServer(TierCore* core) : core_(core) {}
+  explicit FastLookupServer(TierCore* core)
+      : FastLookupServer(core, FastLookupOptions()) {}
+  FastLookupServer(TierCore* core, const FastLookupOptions& options);
   ~FastLookupServer();  // Stops.
+  FastLookupServer(const FastLookupServer&) = delete;
+  FastLookupServer& operator=(const FastLookupServer&) = delete;
 
   // Listens on `path` (a stale socket file is replaced; mode 0660, owned by
-  // `group` unless it is -1).
+  // `group` unless it is -1) and starts the acceptor. REQUIRES: not started.
   absl::Status Start(const std::string& path,
                      gid_t group = static_cast<gid_t>(-1));
   // Closes the listener and every connection and waits for their threads.
+  // Idempotent.
   void Stop();
 
+  // Connections being served now (for tests).
+  int served_connections() const;
+
  private:
+  using Clock = std::chrono::steady_clock;
+  // A connection awaiting its Hello.
+  struct Pending {
+    int fd = -1;
+    uid_t uid = 0;
+    Clock::time_point deadline;
+    size_t got = 0;  // Bytes of `hello` read so far.
+    fastpath::Hello hello;
+    std::list<uint64_t>::iterator order_pos;  // In order_.
+    std::list<uint64_t>::iterator uid_pos;    // In by_uid_[uid].
+  };
+  // The acceptor thread: epoll over the listener, the wake eventfd and the
+  // pending connections, until Stop.
   void AcceptLoop();
-  void Serve(uint64_t id, int fd);
+  // Accepts what the listener holds (bounded per call).
+  void AcceptReady();
+  // Out of fds in accept: closes the oldest pending connection, else sheds
+  // the new one with the reserve fd, else pauses accepting; logs at most
+  // once per interval.
+  void OnFdsExhausted(int err);
+  // Reads what has arrived of pending connection `seq`'s Hello; at a full
+  // Hello, hands it to a serving thread or refuses it.
+  void ReadHello(uint64_t seq);
+  // Forgets pending connection `seq` and closes its fd, counting `why` (none:
+  // the peer left, or the server stops).
+  void ClosePending(uint64_t seq, std::optional<FastLookupClose> why);
+  // Forgets pending connection `seq` (its fd stays open); returns it.
+  Pending TakePending(uint64_t seq);
+  // Milliseconds until the next pending deadline or accept resumption, -1
+  // for none.
+  int NextTimeoutMs(Clock::time_point now) const;
+  // The serving thread of connection `id` on `fd`, whose Hello is `hello`.
+  void Serve(uint64_t id, int fd, uid_t uid, fastpath::Hello hello);
   // Joins the threads of connections that ended.
   void ReapFinished();
 
   TierCore* const core_;
+  const FastLookupOptions options_;
   std::string path_;
   int listen_fd_ = -1;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;  // eventfd: Stop wakes the acceptor.
   std::thread acceptor_;
 
-  absl::Mutex mu_;
-  absl::flat_hash_set<int> connections_ ABSL_GUARDED_BY(mu_);
+  // The acceptor thread's alone.
+  absl::flat_hash_map<uint64_t, Pending> pending_;
+  std::list<uint64_t> order_;  // Pending connections, oldest first.
+  absl::flat_hash_map<uid_t, std::list<uint64_t>> by_uid_;  // Oldest first.
+  uint64_t next_seq_ = 1;
+  int reserve_fd_ = -1;  // Closed to shed a connection when out of fds.
+  bool accept_paused_ = false;
+  Clock::time_point accept_resume_;
+  Clock::time_point last_fd_log_{};
+  uint64_t fd_refusals_ = 0;  // Since the last log line.
+  Clock::time_point last_cap_log_{};
+  uint64_t cap_refusals_ = 0;  // Since the last log line.
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_set<int> connections_ ABSL_GUARDED_BY(mu_);  // Served fds.
+  absl::flat_hash_map<uid_t, int> served_per_uid_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::thread> threads_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> finished_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;

@@ -26,6 +26,7 @@
 #include "daemon/device_pool.h"
 #include "daemon/fast_lookup_server.h"
 #include "daemon/metrics.h"
+#include "daemon/server_limits.h"
 #include "daemon/systemd_notify.h"
 #include "daemon/tier_core.h"
 #include "daemon/tier_service.h"
@@ -209,6 +210,13 @@ int Main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("kvtierd"));
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+  // Every connection costs an fd (daemon/server_limits.h).
+  if (auto fds = RaiseFileLimit(); fds.ok()) {
+    SPDLOG_INFO("open files: soft limit {} (was {}, hard {})", fds->after,
+                fds->before, fds->hard);
+  } else {
+    SPDLOG_WARN("{}; keeping the open-file limit", fds.status().ToString());
+  }
 
   // Block the stop signals in every thread; one thread waits for them.
   sigset_t stop_signals;
@@ -423,7 +431,8 @@ int Main(int argc, char** argv) {
     return 1;
   }
 
-  FastLookupServer fast(&core);
+  const ServerLimits limits = ServerLimitsFromFlags();
+  FastLookupServer fast(&core, limits.fast_lookup);
   std::string fast_socket;
   if (absl::GetFlag(FLAGS_fast_lookup)) {
     fast_socket = socket + ".lookup";
@@ -438,7 +447,7 @@ int Main(int argc, char** argv) {
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
   builder.RegisterService(&service);
-  builder.SetMaxReceiveMessageSize(64 << 20);
+  ApplyServerLimits(&builder, limits);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
     SPDLOG_CRITICAL("cannot listen on unix:{} (another daemon running?)",

@@ -336,6 +336,29 @@ std::vector<MetricFamily> MetricsExporter::Impl::Collect() const {
   out.push_back(duration.Take());
   out.push_back(errs.Take());
   out.push_back(attaches.Take());
+
+  // The fast lookup socket under abuse (fast_lookup_server.h).
+  Family fast_conns("kvtier_fast_lookup_connections",
+                    "Fast lookup connections by state: pending (awaiting "
+                    "their Hello) or served",
+                    MetricType::Gauge);
+  fast_conns.Value({L("state", "pending")},
+                   static_cast<double>(internal::fast_lookup_connections[0]));
+  fast_conns.Value({L("state", "served")},
+                   static_cast<double>(internal::fast_lookup_connections[1]));
+  out.push_back(fast_conns.Take());
+  Family fast_closed(
+      "kvtier_fast_lookup_connections_closed_total",
+      "Fast lookup connections closed before being served, by reason: "
+      "hello_deadline, uid_cap (the uid's oldest pending one made room), "
+      "pending_cap, served_cap, bad_hello, no_fds (out of file descriptors)",
+      MetricType::Counter);
+  for (int r = 0; r < kFastLookupCloseReasons; ++r) {
+    fast_closed.Value(
+        {L("reason", kFastLookupCloseNames[r])},
+        static_cast<double>(FastLookupClosed(static_cast<FastLookupClose>(r))));
+  }
+  out.push_back(fast_closed.Take());
   return out;
 }
 

@@ -115,6 +115,48 @@ class OpTimer {
   std::chrono::steady_clock::time_point start_;
 };
 
+// Connections the fast lookup server closed before serving them, by why
+// (kvtier_fast_lookup_connections_closed_total{reason}): no Hello within the
+// deadline, the peer uid's or the server's pending cap made room for a newer
+// one, the served-connection cap, a malformed Hello, out of fds in accept.
+enum class FastLookupClose : uint8_t {
+  kHelloDeadline = 0,
+  kUidCap = 1,
+  kPendingCap = 2,
+  kServedCap = 3,
+  kBadHello = 4,
+  kNoFds = 5,
+};
+inline constexpr int kFastLookupCloseReasons = 6;
+inline constexpr const char* kFastLookupCloseNames[kFastLookupCloseReasons] = {
+    "hello_deadline", "uid_cap",   "pending_cap",
+    "served_cap",     "bad_hello", "no_fds"};
+
+namespace internal {
+inline std::atomic<uint64_t> fast_lookup_closed[kFastLookupCloseReasons] = {};
+// [0] pending (awaiting a Hello), [1] served.
+inline std::atomic<int64_t> fast_lookup_connections[2] = {};
+}  // namespace internal
+
+// Counts one close of `why`. Thread-safe, lock-free; process-wide (every
+// FastLookupServer of the process adds to the same counters).
+inline void CountFastLookupClose(FastLookupClose why) {
+  internal::fast_lookup_closed[static_cast<int>(why)].fetch_add(
+      1, std::memory_order_relaxed);
+}
+// The closes of `why` counted so far in this process.
+inline uint64_t FastLookupClosed(FastLookupClose why) {
+  return internal::fast_lookup_closed[static_cast<int>(why)].load(
+      std::memory_order_relaxed);
+}
+// Adds `pending` and `served` to the fast lookup connection gauges.
+inline void AddFastLookupConnections(int64_t pending, int64_t served) {
+  internal::fast_lookup_connections[0].fetch_add(pending,
+                                                 std::memory_order_relaxed);
+  internal::fast_lookup_connections[1].fetch_add(served,
+                                                 std::memory_order_relaxed);
+}
+
 // The daemon's Prometheus metrics (see docs/operations.md for the list).
 class MetricsExporter final : public LatencySink {
  public:

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "daemon/tier_core.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -312,6 +313,26 @@ TEST(OpTimerTest, RecordsOnceIntoTheInstalledSink) {
   EXPECT_EQ(sink.transports[0], Transport::kFastPath);
   EXPECT_GE(sink.durations[0], 0);
   EXPECT_FALSE(sink.oks[0]);
+}
+
+TEST_F(MetricsExporterTest, ExportsTheFastLookupSocketsCounters) {
+  const double before =
+      Sample("kvtier_fast_lookup_connections_closed_total{reason=\"uid_cap\"}");
+  CountFastLookupClose(FastLookupClose::kUidCap);
+  CountFastLookupClose(FastLookupClose::kUidCap);
+  EXPECT_EQ(Sample("kvtier_fast_lookup_connections_closed_total{reason="
+                   "\"uid_cap\"}"),
+            before + 2);
+  for (const char* reason : kFastLookupCloseNames) {
+    Sample(absl::StrCat("kvtier_fast_lookup_connections_closed_total{reason=\"",
+                        reason, "\"}"));
+  }
+  const double pending =
+      Sample("kvtier_fast_lookup_connections{state=\"pending\"}");
+  AddFastLookupConnections(3, 1);
+  EXPECT_EQ(Sample("kvtier_fast_lookup_connections{state=\"pending\"}"),
+            pending + 3);
+  AddFastLookupConnections(-3, -1);
 }
 
 TEST_F(MetricsExporterTest, ServesTheTextOverHttp) {

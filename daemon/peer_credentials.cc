@@ -19,11 +19,17 @@
 #include "absl/strings/str_split.h"
 #include "daemon/namespace_layout.h"
 
+// Linux >= 4.13; older C libraries lack the name.
+#ifndef SO_PEERGROUPS
+#define SO_PEERGROUPS 59
+#endif
+
 namespace kvtier::daemon {
 namespace {
 
-// Supplementary groups of `pid` from /proc/<pid>/status ("Groups: 1 2 3").
-std::vector<gid_t> ReadGroups(pid_t pid) {
+// Supplementary groups of `pid` from /proc/<pid>/status ("Groups: 1 2 3"):
+// the fallback for kernels without SO_PEERGROUPS (racy: see the header).
+std::vector<gid_t> ReadProcGroups(pid_t pid) {
   std::vector<gid_t> groups;
   if (pid <= 0) return groups;
   std::ifstream in(absl::StrCat("/proc/", pid, "/status"));
@@ -38,6 +44,7 @@ std::vector<gid_t> ReadGroups(pid_t pid) {
     }
     break;
   }
+  std::sort(groups.begin(), groups.end());
   return groups;
 }
 
@@ -59,9 +66,38 @@ absl::StatusOr<PeerInfo> ReadPeerCredentials(int fd) {
   peer.pid = cred.pid;
   peer.uid = cred.uid;
   peer.gid = cred.gid;
-  peer.groups = ReadGroups(cred.pid);
+  auto groups = ReadPeerGroups(fd);
+  if (groups.ok()) {
+    peer.groups = *std::move(groups);
+  } else if (absl::IsUnimplemented(groups.status())) {
+    peer.groups = ReadProcGroups(cred.pid);
+  } else {
+    return groups.status();
+  }
   peer.verified = true;
   return peer;
+}
+
+absl::StatusOr<std::vector<gid_t>> ReadPeerGroups(int fd) {
+  // Sixteen groups fit most users. When they do not, ERANGE sets `len` to
+  // the bytes needed; the peer's credentials are fixed since connect(2), so
+  // the second call fits.
+  std::vector<gid_t> groups(16);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    socklen_t len = static_cast<socklen_t>(groups.size() * sizeof(gid_t));
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERGROUPS, groups.data(), &len) == 0) {
+      groups.resize(len / sizeof(gid_t));
+      std::sort(groups.begin(), groups.end());
+      return groups;
+    }
+    if (errno == ENOPROTOOPT) {
+      return absl::UnimplementedError("SO_PEERGROUPS: not supported");
+    }
+    if (errno != ERANGE) break;
+    groups.resize(len / sizeof(gid_t));
+  }
+  return absl::InternalError(
+      absl::StrCat("SO_PEERGROUPS: ", std::strerror(errno)));
 }
 
 absl::StatusOr<gid_t> ResolveGroup(const std::string& name,

@@ -29,12 +29,17 @@
 // with --group, owned by that group, so only the group's members reach the
 // daemon at all.
 //
-// Limits: the uid/gid are those at connect(2). Supplementary groups are read
-// from /proc/<pid>/status at bind time (SO_PEERCRED carries only the primary
-// gid); a peer in a pid namespace the daemon cannot see is judged on its
-// primary gid alone. Operator RPCs that carry no session (Stats,
-// ListNamespaces, ListPrefixes, Drop, Verify) are open to every process that
-// can reach the socket: restrict the socket's group to trusted users.
+// Limits: pid, uid and gid are those at connect(2). Supplementary groups
+// come from SO_PEERGROUPS (Linux >= 4.13), which the kernel also records at
+// connect(2), so they describe the same process as SO_PEERCRED whatever it
+// did since. Only where the kernel does not support SO_PEERGROUPS
+// (ENOPROTOOPT) are they read from /proc/<pid>/status, at bind time: racy
+// (the peer may have exited and its pid been reused, or changed its groups)
+// and blind to a peer in a pid namespace the daemon cannot see, which is
+// then judged on its primary gid alone. Operator RPCs that carry no session
+// (Stats, ListNamespaces, ListPrefixes, Drop, Verify) are open to every
+// process that can reach the socket: restrict the socket's group to trusted
+// users.
 //
 // Thread-safety: the functions are thread-safe; NamespaceAcl is immutable
 // after Parse and safe to share.
@@ -58,7 +63,7 @@ struct PeerInfo {
   pid_t pid = 0;
   uid_t uid = static_cast<uid_t>(-1);
   gid_t gid = static_cast<gid_t>(-1);  // Primary group.
-  // Supplementary groups, when known (from /proc/<pid>/status).
+  // Supplementary groups, when known (SO_PEERGROUPS, else /proc).
   std::vector<gid_t> groups;
   // True when pid/uid/gid come from the kernel (SO_PEERCRED) rather than
   // from what the client said.
@@ -69,9 +74,16 @@ struct PeerInfo {
 };
 
 // Returns the kernel's record of the process connected to unix socket `fd`
-// (SO_PEERCRED), with supplementary groups from /proc when visible, and
-// verified = true. INTERNAL if getsockopt fails (not a unix socket).
+// (SO_PEERCRED), with its supplementary groups (SO_PEERGROUPS; from /proc
+// when visible on kernels without it), and verified = true. INTERNAL if
+// getsockopt fails (not a unix socket).
 absl::StatusOr<PeerInfo> ReadPeerCredentials(int fd);
+
+// Returns the supplementary groups of the process connected to unix socket
+// `fd` as the kernel recorded them at connect(2) (SO_PEERGROUPS), sorted.
+// UNIMPLEMENTED when the kernel lacks SO_PEERGROUPS (ENOPROTOOPT: before
+// Linux 4.13), INTERNAL for another failure.
+absl::StatusOr<std::vector<gid_t>> ReadPeerGroups(int fd);
 
 // Resolves a group name, or a decimal gid, to a gid. NOT_FOUND naming
 // `flag` when there is no such group.

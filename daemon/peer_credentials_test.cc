@@ -1,10 +1,20 @@
-// Tests of peer credentials (SO_PEERCRED on a real socket pair) and of
+// Tests of peer credentials (SO_PEERCRED and SO_PEERGROUPS on real sockets,
+// with forked children that change their groups when root) and of
 // NamespaceAcl parsing and matching.
 #include "daemon/peer_credentials.h"
 
+#include <grp.h>
 #include <sys/socket.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -26,9 +36,97 @@ TEST(PeerCredentialsTest, ReadsTheKernelsRecordOfTheOtherEnd) {
   std::vector<gid_t> groups(getgroups(0, nullptr));
   ASSERT_EQ(getgroups(static_cast<int>(groups.size()), groups.data()),
             static_cast<int>(groups.size()));
-  EXPECT_EQ(peer->groups.size(), groups.size());
+  std::sort(groups.begin(), groups.end());
+  groups.erase(std::unique(groups.begin(), groups.end()), groups.end());
+  std::vector<gid_t> got = peer->groups;
+  got.erase(std::unique(got.begin(), got.end()), got.end());
+  EXPECT_EQ(got, groups);
+  auto direct = ReadPeerGroups(fds[0]);
+  if (!absl::IsUnimplemented(direct.status())) {  // Linux >= 4.13.
+    ASSERT_TRUE(direct.ok()) << direct.status();
+    EXPECT_EQ(*direct, peer->groups);
+  }
   close(fds[0]);
   close(fds[1]);
+}
+
+// More groups than ReadPeerGroups' first guess: the ERANGE path.
+TEST(PeerCredentialsTest, ReadsManyGroups) {
+  if (getuid() != 0) GTEST_SKIP() << "needs root (setgroups)";
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    std::vector<gid_t> many;
+    for (gid_t g = 50000; g < 50040; ++g) many.push_back(g);
+    if (setgroups(many.size(), many.data()) != 0) _exit(1);
+    int fds[2];
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) _exit(2);
+    auto groups = ReadPeerGroups(fds[0]);
+    if (absl::IsUnimplemented(groups.status())) _exit(0);
+    _exit(groups.ok() && *groups == many ? 0 : 3);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+}
+
+// The groups are the kernel's record at connect(2), not what the peer holds
+// by the time the daemon looks (the /proc/<pid>/status race: a pid reused, or
+// groups dropped or gained after connecting).
+TEST(PeerCredentialsTest, GroupsAreThoseAtConnect) {
+  if (getuid() != 0) GTEST_SKIP() << "needs root (setgroups)";
+  {
+    int probe[2];
+    ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, probe), 0);
+    const bool unsupported =
+        absl::IsUnimplemented(ReadPeerGroups(probe[0]).status());
+    close(probe[0]);
+    close(probe[1]);
+    if (unsupported) GTEST_SKIP() << "kernel without SO_PEERGROUPS";
+  }
+  const std::string path =
+      absl::StrCat(::testing::TempDir(), "/peer_groups.", getpid(), ".sock");
+  unlink(path.c_str());
+  const int listener = socket(AF_UNIX, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(path.size(), sizeof(addr.sun_path));
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)),
+            0);
+  ASSERT_EQ(listen(listener, 1), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const gid_t at_connect[] = {51001, 51002};
+    const gid_t after[] = {51003};
+    const int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (fd < 0 || setgroups(2, at_connect) != 0 ||
+        connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+        setgroups(1, after) != 0 || write(fd, "x", 1) != 1) {
+      _exit(1);
+    }
+    char c;
+    (void)!read(fd, &c, 1);  // Until the parent has looked.
+    _exit(0);
+  }
+  const int conn = accept(listener, nullptr, nullptr);
+  ASSERT_GE(conn, 0);
+  char c;
+  ASSERT_EQ(read(conn, &c, 1), 1);  // The child has changed its groups.
+  auto peer = ReadPeerCredentials(conn);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  EXPECT_EQ(peer->pid, child);
+  EXPECT_THAT(peer->groups, ElementsAre(51001u, 51002u));
+  EXPECT_TRUE(peer->InGroup(51001));
+  EXPECT_FALSE(peer->InGroup(51003));
+  close(conn);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+  close(listener);
+  unlink(path.c_str());
 }
 
 TEST(PeerCredentialsTest, NotASocketIsAnError) {

@@ -1,0 +1,143 @@
+// Server limits: the file limit, the gRPC server's limits and the flags of
+// both sockets' limits.
+#include "daemon/server_limits.h"
+
+#include <sys/resource.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
+#include "grpc/grpc.h"
+#include "grpcpp/resource_quota.h"
+#include "grpcpp/server_builder.h"
+
+ABSL_FLAG(uint32_t, fast_lookup_hello_deadline_ms, 1000,
+          "A fast lookup connection must send its Hello within this many ms, "
+          "else it is closed");
+ABSL_FLAG(uint32_t, fast_lookup_pending_per_uid, 32,
+          "Most fast lookup connections one uid may have waiting for their "
+          "Hello; a new one closes that uid's oldest");
+ABSL_FLAG(uint32_t, fast_lookup_max_pending, 4096,
+          "Most fast lookup connections waiting for their Hello in all; a "
+          "new one closes the oldest");
+ABSL_FLAG(uint32_t, fast_lookup_max_connections, 1024,
+          "Most fast lookup connections served at once (one per engine "
+          "process); beyond, a Hello is refused RESOURCE_EXHAUSTED");
+ABSL_FLAG(uint32_t, fast_lookup_max_connections_per_uid, 256,
+          "Most fast lookup connections served at once for one uid");
+ABSL_FLAG(uint32_t, fast_lookup_max_request_bytes,
+          kvtier::fastpath::kMaxRequestBytes,
+          "Largest fast lookup request (bytes of hashes); the default is the "
+          "largest valid one, 1 << 20 hashes of 32 bytes");
+ABSL_FLAG(uint32_t, grpc_max_message_bytes, 64u << 20,
+          "Largest gRPC message kvtierd receives or sends");
+ABSL_FLAG(uint32_t, grpc_max_concurrent_streams, 256,
+          "Most concurrent gRPC calls on one client connection");
+ABSL_FLAG(uint32_t, grpc_max_threads, 64,
+          "Most threads gRPC runs for synchronous handlers (0: unset)");
+ABSL_FLAG(uint64_t, grpc_memory_quota_bytes, 4ull << 30,
+          "Memory gRPC may use for buffers across connections (0: gRPC's "
+          "default)");
+ABSL_FLAG(uint32_t, grpc_handshake_timeout_ms, 10000,
+          "A gRPC connection must finish its HTTP/2 handshake within this "
+          "many ms, else it is closed (0: gRPC's default, 120 s)");
+ABSL_FLAG(uint32_t, grpc_max_connection_idle_s, 0,
+          "Close gRPC connections that carried no call this long (0: never)");
+
+namespace kvtier::daemon {
+namespace {
+
+// The most fds a process may have when the hard limit is infinite.
+rlim_t NrOpen() {
+  std::ifstream in("/proc/sys/fs/nr_open");
+  rlim_t n = 0;
+  if (in >> n && n > 0) return n;
+  return 1 << 20;  // The kernel's default.
+}
+
+int ClampInt(uint64_t v) {
+  return static_cast<int>(
+      std::min<uint64_t>(v, std::numeric_limits<int>::max()));
+}
+
+}  // namespace
+
+absl::StatusOr<FileLimit> RaiseFileLimit() {
+  rlimit rl{};
+  if (::getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    return absl::InternalError(
+        absl::StrCat("getrlimit(RLIMIT_NOFILE): ", std::strerror(errno)));
+  }
+  FileLimit limit;
+  limit.before = rl.rlim_cur;
+  limit.hard = rl.rlim_max;
+  const rlim_t target = rl.rlim_max == RLIM_INFINITY ? NrOpen() : rl.rlim_max;
+  if (rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < target) {
+    rl.rlim_cur = target;
+    if (::setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+      return absl::InternalError(absl::StrCat(
+          "setrlimit(RLIMIT_NOFILE, ", target, "): ", std::strerror(errno)));
+    }
+  }
+  limit.after = rl.rlim_cur;
+  return limit;
+}
+
+void ApplyServerLimits(grpc::ServerBuilder* builder,
+                       const ServerLimits& limits) {
+  builder->SetMaxReceiveMessageSize(limits.max_message_bytes);
+  builder->SetMaxSendMessageSize(limits.max_message_bytes);
+  if (limits.max_concurrent_streams > 0) {
+    builder->AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS,
+                                limits.max_concurrent_streams);
+  }
+  if (limits.max_threads > 0 || limits.memory_quota_bytes > 0) {
+    grpc::ResourceQuota quota("kvtierd");
+    if (limits.max_threads > 0) quota.SetMaxThreads(limits.max_threads);
+    if (limits.memory_quota_bytes > 0) {
+      quota.Resize(static_cast<size_t>(limits.memory_quota_bytes));
+    }
+    builder->SetResourceQuota(quota);
+  }
+  if (limits.handshake_timeout > absl::ZeroDuration()) {
+    builder->AddChannelArgument(
+        GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+        ClampInt(absl::ToInt64Milliseconds(limits.handshake_timeout)));
+  }
+  if (limits.max_connection_idle > absl::ZeroDuration()) {
+    builder->AddChannelArgument(
+        GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+        ClampInt(absl::ToInt64Milliseconds(limits.max_connection_idle)));
+  }
+}
+
+ServerLimits ServerLimitsFromFlags() {
+  ServerLimits l;
+  l.max_message_bytes = ClampInt(absl::GetFlag(FLAGS_grpc_max_message_bytes));
+  l.max_concurrent_streams =
+      ClampInt(absl::GetFlag(FLAGS_grpc_max_concurrent_streams));
+  l.max_threads = ClampInt(absl::GetFlag(FLAGS_grpc_max_threads));
+  l.memory_quota_bytes = absl::GetFlag(FLAGS_grpc_memory_quota_bytes);
+  l.handshake_timeout =
+      absl::Milliseconds(absl::GetFlag(FLAGS_grpc_handshake_timeout_ms));
+  l.max_connection_idle =
+      absl::Seconds(absl::GetFlag(FLAGS_grpc_max_connection_idle_s));
+  FastLookupOptions& f = l.fast_lookup;
+  f.hello_deadline =
+      absl::Milliseconds(absl::GetFlag(FLAGS_fast_lookup_hello_deadline_ms));
+  f.max_pending_per_uid =
+      ClampInt(absl::GetFlag(FLAGS_fast_lookup_pending_per_uid));
+  f.max_pending = ClampInt(absl::GetFlag(FLAGS_fast_lookup_max_pending));
+  f.max_connections =
+      ClampInt(absl::GetFlag(FLAGS_fast_lookup_max_connections));
+  f.max_connections_per_uid =
+      ClampInt(absl::GetFlag(FLAGS_fast_lookup_max_connections_per_uid));
+  f.max_request_bytes = absl::GetFlag(FLAGS_fast_lookup_max_request_bytes);
+  return l;
+}
+
+}  // namespace kvtier::daemon

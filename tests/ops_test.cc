@@ -381,9 +381,11 @@ class NotifiedDaemonTest : public ::testing::Test {
     argv.insert(argv.end(), env.begin(), env.end());
     std::vector<std::string> daemon = {kDaemon};
     daemon.insert(daemon.end(), flags.begin(), flags.end());
+    // After a flag file: its --shm_dir and --state_dir are the host's.
     for (const std::string& f :
          {"--socket=" + socket(), "--shm_dir=" + dir_ + "/shm",
-          std::string("--huge_pages=off"), std::string("--log_level=warn")}) {
+          "--state_dir=" + dir_ + "/state", std::string("--huge_pages=off"),
+          std::string("--log_level=warn")}) {
       daemon.push_back(f);
     }
     for (std::string& a : DaemonCommand(std::move(daemon))) {

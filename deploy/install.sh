@@ -34,6 +34,16 @@ install -D -m 0644 "$repo/docs/operations.md" \
 if [ -e "$dest/etc/kvtier/kvtierd.flags" ]; then
   install -m 0644 "$here/kvtierd.flags" "$dest/etc/kvtier/kvtierd.flags.default"
   echo "install: kept $dest/etc/kvtier/kvtierd.flags (new default beside it)"
+  # The unit lets the daemon write only the shipped folders.
+  for f in shm_dir state_dir; do
+    kept="$(sed -n "s/^--$f=//p" "$dest/etc/kvtier/kvtierd.flags" | tail -1)"
+    shipped="$(sed -n "s/^--$f=//p" "$here/kvtierd.flags" | tail -1)"
+    if [ "$kept" != "$shipped" ]; then
+      echo "install: warning: the kept flag file has --$f=${kept:-(unset)};" \
+        "the unit lets kvtierd write only --$f=$shipped (see" \
+        "kvtierd.flags.default)" >&2
+    fi
+  done
 else
   install -D -m 0644 "$here/kvtierd.flags" "$dest/etc/kvtier/kvtierd.flags"
 fi

@@ -12,6 +12,7 @@ pkgs=(
   prometheus-cpp-dev systemd  # kvtierd's /metrics; systemd-analyze (deploy_test)
   python3 python3-venv  # make pydeps: the venv of python/requirements.txt
   clang libclang-rt-14-dev passwd  # test-asan + fuzz/; useradd (isolation)
+  libseccomp-dev  # tests/seccomp_exec: the unit's SystemCallFilter= in CI
 )
 missing=()
 for p in "${pkgs[@]}"; do

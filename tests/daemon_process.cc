@@ -15,6 +15,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -138,6 +139,65 @@ std::string ResolveProgram(const std::string& compiled,
   return compiled;
 }
 
+std::vector<std::string> DaemonCommand(std::vector<std::string> argv) {
+  const char* dir = std::getenv(kSeccompEnv);
+  if (dir == nullptr || *dir == '\0') return argv;
+  const std::string d = dir;
+  std::vector<std::string> cmd = {
+      ResolveProgram(KVTIER_SECCOMP_EXEC_PATH, "tests/seccomp_exec"),
+      "--allow=" + d + "/system-service.syscalls",
+      "--allow=" + d + "/kvtierd-extra.syscalls",
+      "--known=" + d + "/known.syscalls",
+      std::string("--address_families=") + kUnitAddressFamilies,
+      "--deny_write_execute"};
+  if (const char* action = std::getenv("KVTIER_DAEMON_SECCOMP_ACTION")) {
+    cmd.push_back(std::string("--action=") + action);
+  }
+  cmd.push_back("--");
+  cmd.insert(cmd.end(), std::make_move_iterator(argv.begin()),
+             std::make_move_iterator(argv.end()));
+  return cmd;
+}
+
+namespace {
+
+// Fields `NoNewPrivs` and `Seccomp_filters` of /proc/<pid>/status.
+struct SeccompStatus {
+  int no_new_privs = -1;
+  int filters = -1;
+};
+
+SeccompStatus ReadSeccompStatus(const std::string& pid) {
+  SeccompStatus st;
+  std::ifstream in("/proc/" + pid + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("NoNewPrivs:", 0) == 0) {
+      st.no_new_privs = std::atoi(line.c_str() + 11);
+    } else if (line.rfind("Seccomp_filters:", 0) == 0) {
+      st.filters = std::atoi(line.c_str() + 16);
+    }
+  }
+  return st;
+}
+
+}  // namespace
+
+absl::Status CheckDaemonFiltered(pid_t pid) {
+  const char* dir = std::getenv(kSeccompEnv);
+  if (dir == nullptr || *dir == '\0') return absl::OkStatus();
+  const SeccompStatus mine = ReadSeccompStatus("self");
+  const SeccompStatus its = ReadSeccompStatus(std::to_string(pid));
+  if (its.no_new_privs != 1 || its.filters <= mine.filters) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kSeccompEnv, " is set but kvtierd (pid ", pid,
+                     ") is not under the filter: NoNewPrivs ", its.no_new_privs,
+                     ", Seccomp_filters ", its.filters,
+                     " (this process: ", mine.filters, ")"));
+  }
+  return absl::OkStatus();
+}
+
 DaemonProcess::DaemonProcess() {
   char tmpl[] = "/dev/shm/kvtier-test-XXXXXX";
   if (mkdtemp(tmpl) != nullptr) dir_ = tmpl;
@@ -160,7 +220,7 @@ absl::Status DaemonProcess::Start(const std::vector<std::string>& extra) {
       "--socket=" + socket_, "--shm_dir=" + shm_dir_, "--huge_pages=off",
       "--log_level=warn"};
   argv.insert(argv.end(), extra.begin(), extra.end());
-  auto child = Child::Spawn(argv);
+  auto child = Child::Spawn(DaemonCommand(std::move(argv)));
   if (!child.ok()) return child.status();
   child_ = std::make_unique<Child>(*std::move(child));
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
@@ -172,7 +232,7 @@ absl::Status DaemonProcess::Start(const std::vector<std::string>& extra) {
     const bool up =
         connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
     close(fd);
-    if (up) return absl::OkStatus();
+    if (up) return CheckDaemonFiltered(child_->pid());
     absl::SleepFor(absl::Milliseconds(20));
   }
   return absl::DeadlineExceededError("kvtierd did not start listening");

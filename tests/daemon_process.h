@@ -1,6 +1,8 @@
 // DaemonProcess: starts a real kvtierd for multi-process tests, in its own
 // temporary folder (socket and /dev/shm segments), and stops or kills it.
 // Also runs helper programs and collects their exit status and output.
+// With KVTIER_DAEMON_SECCOMP set (kSeccompEnv) every kvtierd it starts runs
+// under the unit's system call filter (DaemonCommand).
 //
 // Thread-safety: not thread-safe; one test thread drives it.
 #ifndef KVTIER_TESTS_DAEMON_PROCESS_H_
@@ -52,13 +54,38 @@ class Child {
 std::string ResolveProgram(const std::string& compiled,
                            const std::string& relative);
 
+// The unit's RestrictAddressFamilies= (deploy/kvtierd.service), handed to
+// seccomp_exec; seccomp_test checks the two agree.
+inline constexpr char kUnitAddressFamilies[] = "AF_UNIX,AF_INET,AF_INET6";
+
+// The environment variable that runs every kvtierd of the tests under the
+// unit's system call filter: the folder of the allow-lists (deploy/seccomp).
+// ctest's <suite>_seccomp registrations set it (label seccomp).
+inline constexpr char kSeccompEnv[] = "KVTIER_DAEMON_SECCOMP";
+
+// The command that starts kvtierd with `argv` (argv[0] its path): `argv`
+// itself, or, while kSeccompEnv names a folder, `argv` behind seccomp_exec
+// with that folder's system-service.syscalls and kvtierd-extra.syscalls
+// (unknown calls ENOSYS per known.syscalls, the rest EPERM), the unit's
+// address families and MemoryDenyWriteExecute=. The exec keeps the pid.
+// KVTIER_DAEMON_SECCOMP_ACTION=kill or =log picks seccomp_exec's --action
+// (log: nothing is refused and the kernel logs each call outside the lists,
+// audit type 1326 in dmesg -- how to find what the daemon needs).
+std::vector<std::string> DaemonCommand(std::vector<std::string> argv);
+
+// OK when kSeccompEnv is unset, or when process `pid` runs with
+// no_new_privs under more seccomp filters than this process (read from
+// /proc/<pid>/status): a launcher that silently did nothing fails here.
+absl::Status CheckDaemonFiltered(pid_t pid);
+
 class DaemonProcess {
  public:
   DaemonProcess();
   ~DaemonProcess();  // Kills the daemon, removes its folder and segments.
 
   // Starts kvtierd with the test folder's socket and shm dir plus `extra`
-  // flags; returns once the socket accepts connections.
+  // flags (through DaemonCommand); returns once the socket accepts
+  // connections and CheckDaemonFiltered passes.
   absl::Status Start(const std::vector<std::string>& extra = {});
   // SIGTERM and wait.
   absl::Status Stop();

@@ -12,7 +12,11 @@
 # 3. systemd-sysusers creates the kvtier user, and systemd-tmpfiles creates
 #    /run/kvtier and gives /dev/hugepages to the kvtier group, in a scratch
 #    root (as root only: tmpfiles must chown);
-# 4. the staged kvtierd accepts the shipped flag files (every flag exists).
+# 4. the staged kvtierd accepts the shipped flag files (every flag exists);
+# 5. the shipped flags put the sockets, banks and journals in the folders the
+#    unit lets the daemon write, which tmpfiles.d or the unit create, and
+#    set a per-uid budget; install.sh warns when a kept flag file points the
+#    banks elsewhere.
 set -euo pipefail
 build="$(cd "${1:?usage: deploy_test.sh BUILD_DIR}" && pwd)"
 repo="$(cd "$(dirname "$0")/.." && pwd)"
@@ -70,7 +74,7 @@ echo "ok: systemd-analyze verify passes on the unit (and fails a broken one)"
 
 # 3. sysusers and tmpfiles in a scratch root.
 root="$work/root"
-mkdir -p "$root/etc" "$root/dev/hugepages"
+mkdir -p "$root/etc" "$root/dev/hugepages" "$root/dev/shm"
 systemd-sysusers --root="$root" "$stage/usr/lib/sysusers.d/kvtier.conf" \
   >/dev/null 2>&1 || fail "systemd-sysusers rejects sysusers.d/kvtier.conf"
 grep -q '^kvtier:' "$root/etc/passwd" || fail "no kvtier user created"
@@ -83,9 +87,11 @@ if [ "$(id -u)" -eq 0 ]; then
   kvtier_gid="$(awk -F: '$1 == "kvtier" { print $3 }' "$root/etc/group")"
   [ "$(stat -c '%a %u %g' "$root/run/kvtier")" = "750 $kvtier_uid $kvtier_gid" ] ||
     fail "/run/kvtier is $(stat -c '%a %u %g' "$root/run/kvtier")"
+  [ "$(stat -c '%a %u %g' "$root/dev/shm/kvtier")" = "750 $kvtier_uid $kvtier_gid" ] ||
+    fail "/dev/shm/kvtier is $(stat -c '%a %u %g' "$root/dev/shm/kvtier")"
   [ "$(stat -c '%a %g' "$root/dev/hugepages")" = "1770 $kvtier_gid" ] ||
     fail "/dev/hugepages is $(stat -c '%a %g' "$root/dev/hugepages")"
-  echo "ok: sysusers creates kvtier; tmpfiles creates /run/kvtier and opens /dev/hugepages to the group"
+  echo "ok: sysusers creates kvtier; tmpfiles creates /run/kvtier and /dev/shm/kvtier and opens /dev/hugepages to the group"
 else
   echo "ok: sysusers creates kvtier (tmpfiles skipped: needs root to chown)"
 fi
@@ -102,4 +108,32 @@ for flags in "$repo/deploy/kvtierd.flags" "$repo/deploy/dev.flags"; do
     fail "kvtierd --helpfull printed no flags for $(basename "$flags")"
 done
 echo "ok: kvtierd accepts deploy/kvtierd.flags and deploy/dev.flags"
+
+# 5. The flags' folders are the unit's.
+flags="$repo/deploy/kvtierd.flags"
+# The value of flag $1 in the shipped flag file ("" when absent).
+flag() { sed -n "s/^--$1=//p" "$flags" | tail -1; }
+# The value of unit key $1 ("" when absent).
+key() { sed -n "s/^$1=//p" "$unit_src" | tail -1; }
+[ "$(dirname "$(flag socket)")" = "/run/$(key RuntimeDirectory)" ] ||
+  fail "--socket=$(flag socket) is not in the unit's RuntimeDirectory"
+[ "$(flag state_dir)" = "/var/lib/$(key StateDirectory)" ] ||
+  fail "--state_dir=$(flag state_dir) is not the unit's StateDirectory"
+[ "$(key StateDirectoryMode)" = "0700" ] ||
+  fail "StateDirectoryMode=$(key StateDirectoryMode), not 0700"
+read -r -a writable <<<"$(key ReadWritePaths)"
+[ "${writable[0]}" = "$(flag shm_dir)" ] ||
+  fail "--shm_dir=$(flag shm_dir) is not the unit's first ReadWritePaths="
+[ "$(key ReadOnlyPaths)" = "$(dirname "$(flag shm_dir)")" ] ||
+  fail "the unit does not keep the rest of $(dirname "$(flag shm_dir)") read-only"
+grep -Eq "^d +$(flag shm_dir) +0750 +kvtier +kvtier " \
+  "$repo/deploy/tmpfiles.d/kvtier.conf" ||
+  fail "tmpfiles.d does not create $(flag shm_dir) 0750 kvtier:kvtier"
+[ "$(flag uid_budget_bytes)" -gt 0 ] 2>/dev/null ||
+  fail "the shipped flags set no --uid_budget_bytes"
+sed -i "s#^--shm_dir=.*#--shm_dir=/dev/shm#" "$stage/etc/kvtier/kvtierd.flags"
+out="$(DESTDIR="$stage" "$repo/deploy/install.sh" "$build" 2>&1)"
+grep -q "warning: .*--shm_dir=/dev/shm" <<<"$out" ||
+  fail "install.sh kept a flag file with another --shm_dir without a warning: $out"
+echo "ok: the flags' socket, banks and journals are the unit's folders; install.sh warns of a kept --shm_dir elsewhere"
 echo "PASS"

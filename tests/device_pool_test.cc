@@ -115,11 +115,11 @@ TEST(DevicePoolDaemon, FlagOnWithoutDriverRefusesToStart) {
   char tmpl[] = "/tmp/kvtier-devpool-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
-  auto daemon = testing::Child::Spawn(
+  auto daemon = testing::Child::Spawn(testing::DaemonCommand(
       {testing::ResolveProgram(KVTIER_KVTIERD_PATH, "daemon/kvtierd"),
        "--socket=" + dir + "/kvtierd.sock", "--shm_dir=" + dir,
        "--metrics_address=", "--device_pool_bytes=1048576",
-       "--device_pool_row_bytes=4096"});
+       "--device_pool_row_bytes=4096"}));
   ASSERT_TRUE(daemon.ok()) << daemon.status();
   auto rc = daemon->Wait(absl::Seconds(20));
   ASSERT_TRUE(rc.ok()) << rc.status();

@@ -379,12 +379,17 @@ class NotifiedDaemonTest : public ::testing::Test {
     std::vector<std::string> argv = {"/usr/bin/env",
                                      "NOTIFY_SOCKET=" + notify_->path()};
     argv.insert(argv.end(), env.begin(), env.end());
-    argv.push_back(kDaemon);
-    argv.insert(argv.end(), flags.begin(), flags.end());
+    std::vector<std::string> daemon = {kDaemon};
+    daemon.insert(daemon.end(), flags.begin(), flags.end());
+    // After a flag file: its --shm_dir and --state_dir are the host's.
     for (const std::string& f :
          {"--socket=" + socket(), "--shm_dir=" + dir_ + "/shm",
-          std::string("--huge_pages=off"), std::string("--log_level=warn")}) {
-      argv.push_back(f);
+          "--state_dir=" + dir_ + "/state", std::string("--huge_pages=off"),
+          std::string("--log_level=warn")}) {
+      daemon.push_back(f);
+    }
+    for (std::string& a : DaemonCommand(std::move(daemon))) {
+      argv.push_back(std::move(a));
     }
     auto child = Child::Spawn(argv);
     ASSERT_TRUE(child.ok()) << child.status();
@@ -415,6 +420,7 @@ TEST_F(NotifiedDaemonTest, ReadyOnceServingWatchdogPingsStoppingOnSigterm) {
   Start({"WATCHDOG_USEC=200000"}, {"--metrics_address="});
   ASSERT_TRUE(notify_->WaitFor("READY=1", absl::Seconds(30)))
       << "no READY=1; messages: " << notify_->messages().size();
+  EXPECT_TRUE(CheckDaemonFiltered(daemon_->pid()).ok());
   // READY=1 comes only once the socket serves and health says SERVING.
   EXPECT_EQ(Health(), grpc::health::v1::HealthCheckResponse::SERVING);
   EXPECT_THAT(notify_->messages().back(),
@@ -438,6 +444,7 @@ TEST_F(NotifiedDaemonTest, ShippedFlagFileRunsAndSigtermKeepsTheSegments) {
   // The test folder's socket and shm dir come after the flag file: they win.
   Start({}, {"--flagfile=" + flags, "--metrics_address=127.0.0.1:0"});
   ASSERT_TRUE(notify_->WaitFor("READY=1", absl::Seconds(30)));
+  EXPECT_TRUE(CheckDaemonFiltered(daemon_->pid()).ok());
   EXPECT_THAT(notify_->messages().back(),
               ContainsRegex("metrics on http://127.0.0.1:[1-9][0-9]*/metrics"));
   Ran w = RunProgram({kClient, "write", socket(), "keep", "8", "4"});

@@ -1506,6 +1506,7 @@ absl::StatusOr<std::unique_ptr<Namespace>> Client::Attach(
     info.rows = p.rows();
     info.row_bytes = p.row_bytes();
     info.row_stride = p.row_stride();
+    info.withheld = p.withheld();
     state->device_pools.push_back(std::move(info));
   }
   auto hasher = BlockHasher::Create(options.layout.hash_kind, resp.hash_seed(),

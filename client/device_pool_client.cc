@@ -28,6 +28,12 @@ absl::StatusOr<std::unique_ptr<DevicePoolHandle>> DevicePoolHandle::Open(
         "again");
   }
   const DevicePoolInfo& info = ns.device_pools()[index];
+  if (info.withheld) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "device pool ", index,
+        " does not serve this namespace: the daemon withheld its handle "
+        "(kvtierd --device_pool_namespaces)"));
+  }
 #if KVTIER_HAVE_CUDA
   if (info.ipc_handle.size() != sizeof(cudaIpcMemHandle_t)) {
     return absl::DataLossError(absl::StrCat("device pool ", index,

@@ -232,6 +232,78 @@ class DevicePoolCoreTest : public ::testing::Test {
   std::string chain_;
 };
 
+// A pool's IPC handle maps all of its GPU memory: it goes only to sessions
+// of the namespaces the pool serves (kvtierd --device_pool_namespaces).
+TEST(DevicePoolCore, HandlesAreWithheldFromOtherNamespacesSessions) {
+  char tmpl[] = "/dev/shm/kvtier-devpool-acl-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  {
+    daemon::TierOptions o;
+    o.segments.shm_dir = dir;
+    o.segments.huge_pages = shm::HugePagePolicy::kOff;
+    daemon::DevicePoolExport e;
+    e.ipc_handle = std::string(64, '\1');
+    e.rows = 2;
+    e.row_bytes = 8192;
+    e.row_stride = 8192;
+    o.device_pools.push_back(e);
+    o.device_pool_namespaces = {"served", "team-*"};
+    daemon::TierCore core(o);
+    auto attach = [&](const std::string& name, v1::AttachResponse* resp) {
+      auto id = core.OpenSession(v1::Hello(), daemon::PeerInfo{});
+      EXPECT_TRUE(id.ok());
+      v1::AttachRequest req;
+      req.set_session_id(*id);
+      req.set_namespace_(name);
+      auto* l = req.mutable_layout();
+      l->set_model("m");
+      l->set_tokens_per_page(16);
+      l->set_num_layers(1);
+      l->add_page_banks()->set_name("kv");
+      l->mutable_page_banks(0)->set_row_bytes(1024);
+      l->set_snapshot_row_bytes(4096);
+      req.mutable_capacity()->set_page_rows(8);
+      req.mutable_capacity()->set_snapshot_rows(4);
+      EXPECT_TRUE(core.Attach(req, resp).ok());
+      return *id;
+    };
+    for (const std::string name : {"served", "team-a"}) {
+      v1::AttachResponse resp;
+      attach(name, &resp);
+      ASSERT_EQ(resp.device_pools_size(), 1);
+      EXPECT_FALSE(resp.device_pools(0).withheld()) << name;
+      EXPECT_EQ(resp.device_pools(0).ipc_handle(), std::string(64, '\1'));
+    }
+    v1::AttachResponse other;
+    const uint64_t session = attach("other", &other);
+    ASSERT_EQ(other.device_pools_size(), 1) << "indices stay the daemon's";
+    EXPECT_TRUE(other.device_pools(0).withheld());
+    EXPECT_TRUE(other.device_pools(0).ipc_handle().empty());
+    EXPECT_EQ(other.device_pools(0).rows(), 0u);
+    // Nor can that session use the pool by its index.
+    v1::ReserveRequest rq;
+    rq.set_session_id(session);
+    rq.set_namespace_id(other.namespace_id());
+    rq.set_pages(1);
+    rq.set_snapshots(1);
+    rq.set_device_snapshots(1);
+    v1::ReserveResponse rr;
+    absl::Status reserved = core.Reserve(rq, &rr);
+    EXPECT_EQ(reserved.code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_THAT(reserved.message(), HasSubstr("does not serve namespace"));
+    v1::LookupRequest lq;
+    lq.set_session_id(session);
+    lq.set_namespace_id(other.namespace_id());
+    lq.set_hashes(std::string(32, 'h'));
+    lq.set_device_pool(0);
+    v1::LookupResponse lr;
+    EXPECT_EQ(core.Lookup(lq, &lr).code(), absl::StatusCode::kPermissionDenied);
+    EXPECT_TRUE(core.CheckInvariants().ok());
+  }
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(DevicePoolCoreTest, LookupServesTheDeviceCopyOfTheUsableSnapshot) {
   auto c = Fill(4, /*device=*/true);
   ASSERT_TRUE(c.ok()) << c.status();

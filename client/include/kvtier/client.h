@@ -162,6 +162,10 @@ struct DevicePoolInfo {
   uint64_t rows = 0;
   uint64_t row_bytes = 0;
   uint64_t row_stride = 0;
+  // The pool does not serve this namespace (kvtierd
+  // --device_pool_namespaces): no handle; DevicePoolHandle::Open is
+  // PERMISSION_DENIED. Listed so that indices stay the daemon's.
+  bool withheld = false;
 };
 
 // The answer of a Lookup. When pinned, the rows stay valid until Release

@@ -1,6 +1,8 @@
 // TierCore's recovery: namespaces rebuilt from their journals at start,
 // and the ones that cannot be, kept (journal and segments) and reported as
 // unrecoverable until they can be reopened or an operator drops them.
+//
+// Thread-safety: thread-safe (part of TierCore; lock order in tier_core.h).
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -121,11 +123,11 @@ absl::Status TierCore::RecoverNamespace(const std::string& name,
   capacity.set_max_replay_tokens(h.max_replay_tokens);
   absl::StatusOr<std::shared_ptr<Namespace>> ns_or;
   {
+    // Writes no journal: the old one is still being read.
     absl::MutexLock lock(&mu_);
     bool created = false;
-    recovering_ = true;
-    ns_or = CreateOrOpenLocked(h.name, h.layout, capacity, "", &created);
-    recovering_ = false;
+    ns_or = CreateOrOpenLocked(h.name, h.layout, capacity, "", &created,
+                               /*creator=*/nullptr, /*recovering=*/true);
   }
   if (!ns_or.ok()) {
     return absl::UnavailableError(
@@ -242,6 +244,13 @@ absl::Status TierCore::DropUnrecoverableLocked(const std::string& name) {
     return absl::NotFoundError(
         absl::StrCat("namespace: no namespace '", name, "'"));
   }
+  // Forgotten now; its files are removed with mu_ released, the name
+  // pending so that no namespace of that name is made meanwhile.
+  unrecoverable_.erase(it);
+  auto pending = std::make_shared<PendingName>();
+  pending->kind = PendingName::Kind::kDropping;
+  pending_[name] = pending;
+  mu_.Unlock();
   // The segments: those the journal names when it can be read, else every
   // file of the namespace's name pattern in the shm folder.
   const std::string path = JournalPath(options_.state_dir, name);
@@ -285,7 +294,9 @@ absl::Status TierCore::DropUnrecoverableLocked(const std::string& name) {
   std::filesystem::remove(path, ec);
   SPDLOG_INFO("unrecoverable namespace '{}' dropped ({} segments)", name,
               segments.size());
-  unrecoverable_.erase(it);
+  mu_.Lock();
+  pending_.erase(name);
+  pending->done = true;
   return absl::OkStatus();
 }
 

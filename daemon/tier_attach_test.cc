@@ -1,12 +1,13 @@
 // Tests of namespace creation and Drop outside TierCore's global lock
 // (tier_attach.cc): while one Attach populates a namespace's banks, held at
 // the "attach:populating" hook, the rest of the daemon answers; requests
-// for the same name wait for it; a failed creation rolls back; Drop
-// removes files without the lock.
+// for the same name wait for it; a failed creation rolls back; and Recover
+// removes the temporaries of killed segment creators.
 //
 // Every wait is bounded (kLiveness) so that a regression that blocks fails
 // instead of hanging; no test asserts how long anything takes.
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -432,6 +433,42 @@ TEST_F(TierAttachTest, DropRemovesFilesWithoutTheGlobalLock) {
   EXPECT_TRUE(Exists(journal));
   for (const auto& seg : new_ns.segments()) {
     EXPECT_TRUE(Exists(seg.path())) << seg.path();
+  }
+}
+
+// A pid that is no live process: a child that has exited and been reaped.
+pid_t DeadPid() {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(0);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return pid;
+}
+
+TEST_F(TierAttachTest, RecoverRemovesOrphanedTemporarySegments) {
+  for (const bool with_state : {false, true}) {
+    SCOPED_TRACE(with_state ? "with a state_dir" : "without a state_dir");
+    options_.state_dir = with_state ? dir_ + "/state" : "";
+    const std::string killed = absl::StrCat(
+        dir_, "/", shm::TempSegmentName("kvtier.big.kv.r0", DeadPid(), 3));
+    const std::string same_pid = absl::StrCat(
+        dir_, "/", shm::TempSegmentName("kvtier.big.kv.r1", getpid(), 0));
+    const std::string other_prefix = absl::StrCat(
+        dir_, "/", shm::TempSegmentName("other.big.kv.r0", DeadPid(), 0));
+    for (const std::string& path : {killed, same_pid, other_prefix}) {
+      std::FILE* f = std::fopen(path.c_str(), "w");
+      ASSERT_NE(f, nullptr) << path;
+      std::fclose(f);
+    }
+    core_.reset();
+    Start();
+    auto report = core_->Recover();
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_EQ(report->temp_segments_removed, 2u);
+    EXPECT_FALSE(Exists(killed));
+    EXPECT_FALSE(Exists(same_pid));
+    EXPECT_TRUE(Exists(other_prefix));
+    std::filesystem::remove(other_prefix);
   }
 }
 

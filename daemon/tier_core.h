@@ -276,6 +276,8 @@ class TierCore {
     uint32_t namespaces_unrecoverable = 0;
     uint64_t pages = 0;          // Page rows restored (all ranks).
     uint64_t journal_bytes = 0;  // Read.
+    // Temporary segment files of killed creators removed (segment_cleanup.h).
+    uint32_t temp_segments_removed = 0;
     absl::Duration elapsed;
   };
   // Rebuilds the namespaces recorded in options.state_dir: reopens their
@@ -291,8 +293,11 @@ class TierCore {
   // journals) or an operator drops it; with corrupt_journal_empty a corrupt
   // one is reopened empty instead. One whose segments were recreated is
   // reopened empty. Processes recorded before the restart that still live
-  // put up the restart fence (tier_core.h, "fence"). REQUIRES: called once,
-  // before any session opens. With no state_dir it does nothing.
+  // put up the restart fence (tier_core.h, "fence"). First, with or
+  // without a state_dir, removes (and logs) the temporary segment files
+  // that creators killed part-way left in the segment folders
+  // (shm/segment_cleanup.h). REQUIRES: called once, before any session
+  // opens. With no state_dir it does nothing more.
   absl::StatusOr<RecoveryReport> Recover();
   struct Unrecoverable {
     std::string name;
@@ -398,6 +403,9 @@ class TierCore {
   // releasing mu_ meanwhile (the name pending).
   absl::Status DropUnrecoverableLocked(const std::string& name)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Recover's first step: removes the temporary segment files of killed
+  // creators (shm/segment_cleanup.h) and logs them; returns how many.
+  uint32_t RemoveOrphanedTempSegments();
 
   // ---- the fence (tier_fence.cc); REQUIRES: ns.mu held for *Locked. ----
   void Hook(const char* point) {

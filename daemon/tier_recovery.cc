@@ -1,6 +1,7 @@
 // TierCore's recovery: namespaces rebuilt from their journals at start,
 // and the ones that cannot be, kept (journal and segments) and reported as
-// unrecoverable until they can be reopened or an operator drops them.
+// unrecoverable until they can be reopened or an operator drops them; and,
+// first, the temporary segment files of killed creators removed.
 //
 // Thread-safety: thread-safe (part of TierCore; lock order in tier_core.h).
 #include <fcntl.h>
@@ -19,13 +20,53 @@
 #include "absl/strings/strip.h"
 #include "daemon/tier_core.h"
 #include "daemon/tier_namespace.h"
+#include "shm/hugepages.h"
+#include "shm/segment_cleanup.h"
 #include "spdlog/spdlog.h"
 
 namespace kvtier::daemon {
 
+uint32_t TierCore::RemoveOrphanedTempSegments() {
+  // The folders segments are made in: shm_dir, and the hugetlbfs folder
+  // (configured, else the detected mount) whatever the policy now, since an
+  // earlier run may have used it.
+  std::vector<std::string> dirs = {options_.segments.shm_dir};
+  if (!options_.segments.hugetlbfs_dir.empty()) {
+    dirs.push_back(options_.segments.hugetlbfs_dir);
+  } else if (auto huge = shm::DetectHugeTlbfs(""); huge.ok()) {
+    dirs.push_back(huge->mount);
+  }
+  uint32_t removed = 0;
+  for (const std::string& dir : dirs) {
+    if (dir.empty()) continue;
+    // Before this daemon creates any segment: temporaries of its own pid
+    // are a previous process's (pid reuse, e.g. pid 1 in a container).
+    auto scan = shm::RemoveTempSegments(dir, options_.segment_prefix,
+                                        ::geteuid(), ::getpid());
+    if (!scan.ok()) {
+      SPDLOG_WARN("orphaned temporary segments: {}", scan.status().ToString());
+      continue;
+    }
+    for (const std::string& path : scan->removed) {
+      SPDLOG_INFO(
+          "removed orphaned temporary segment {} (its creator was killed "
+          "while creating it)",
+          path);
+    }
+    for (const auto& kept : scan->kept) {
+      SPDLOG_WARN("kept temporary segment {}: {}", kept.path, kept.reason);
+    }
+    removed += static_cast<uint32_t>(scan->removed.size());
+  }
+  return removed;
+}
+
 absl::StatusOr<TierCore::RecoveryReport> TierCore::Recover() {
   RecoveryReport report;
-  if (options_.state_dir.empty()) return report;
+  if (options_.state_dir.empty()) {
+    report.temp_segments_removed = RemoveOrphanedTempSegments();
+    return report;
+  }
   const absl::Time start = absl::Now();
   const std::string& dir = options_.state_dir;
   std::error_code ec;
@@ -51,6 +92,7 @@ absl::StatusOr<TierCore::RecoveryReport> TierCore::Recover() {
                      lock_path, "); give each daemon its own --state_dir"));
   }
   state_lock_fd_ = lock_fd;
+  report.temp_segments_removed = RemoveOrphanedTempSegments();
   // The processes that held rows before the restart (fence_registry.h).
   auto waiting = fence_->Recover();
   if (!waiting.ok()) {

@@ -21,9 +21,18 @@
 // row from before it, are kept as fence holds that no Reserve can take
 // until the holder confirms or its processes are gone (FenceRegistry).
 //
+// Slow work stays outside TierCore::mu_, which every request takes: a
+// namespace's banks are created and populated, and its journal's first
+// checkpoint written, with mu_ released while the name is reserved
+// (tier_attach.cc); Drop removes journal and segments likewise. So Stats
+// (the systemd watchdog's probe) and the other namespaces' requests go on
+// while a large namespace is created.
+//
 // Thread-safety: thread-safe. Lock order: TierCore::mu_, then one
 // Namespace::mu (never two namespaces at once), then the FenceRegistry's
-// (a leaf); a namespace's journal is used under its Namespace::mu.
+// (a leaf); a namespace's journal is used under its Namespace::mu (or by
+// whoever creates or drops it before it is published or after it is
+// forgotten, with no lock).
 #ifndef KVTIER_DAEMON_TIER_CORE_H_
 #define KVTIER_DAEMON_TIER_CORE_H_
 
@@ -154,7 +163,12 @@ class TierCore {
   // Creates the namespace (its banks populated) or opens it; attaches the
   // session to it at `tp_rank`. A layout that contradicts the existing
   // namespace of that name is FAILED_PRECONDITION naming the first field that
-  // differs.
+  // differs. The banks are created without TierCore::mu_ held: other
+  // requests go on meanwhile. An Attach (or CreateNamespace, or Drop) of a
+  // name being created waits for that creation, then opens the namespace or
+  // returns the creation's error. A session that closes while its Attach
+  // creates the namespace gets NOT_FOUND (session_id); the namespace is
+  // created anyway, with no session attached.
   absl::Status Attach(const v1::AttachRequest& request,
                       v1::AttachResponse* response);
   absl::Status Lookup(const v1::LookupRequest& request,
@@ -201,6 +215,13 @@ class TierCore {
                      v1::AbortResponse* response);
   absl::Status Release(const v1::ReleaseRequest& request,
                        v1::ReleaseResponse* response);
+  // Drops the prefix subtree under `hash`, or, without one, the whole
+  // namespace (FAILED_PRECONDITION while sessions are attached, unless
+  // force): its journal and segments are unlinked with TierCore::mu_
+  // released, and an Attach of the name meanwhile waits until they are
+  // gone, then creates a new namespace. A Drop of a name being created waits
+  // for the creation first. Only what `caller` may drop (CheckNamespaceRight).
+  //
   // Drop, Stats, ListNamespaces and ListPrefixes act only on what `caller`
   // may see (CheckNamespaceRight): an engine-socket caller gets
   // PERMISSION_DENIED naming the right it lacks for Drop and ListPrefixes,
@@ -237,7 +258,8 @@ class TierCore {
   bool PoolServes(uint32_t pool, absl::string_view name) const;
 
   // Creates a namespace with no session attached (the daemon's --demo
-  // namespace). Same validation as Attach.
+  // namespace). Same validation as Attach; OK when it exists with that
+  // layout.
   absl::Status CreateNamespace(const std::string& name,
                                const v1::Layout& layout,
                                const v1::Capacity& capacity);
@@ -254,6 +276,11 @@ class TierCore {
   // Test hook: called with a point's name ("reserve:resolved",
   // "lookup:resolved") where a test forces an interleaving, e.g. closing the
   // session while the request is between Resolve and the namespace lock.
+  // "attach:populating": a namespace's segments are about to be created,
+  // mu_ not held. "drop:unlinking": Drop is about to remove a namespace's
+  // journal and segments, mu_ not held. "namespace:wait": a request is about
+  // to wait for a name being created or dropped (mu_ held: the hook must
+  // not block).
   // Set before any request; nullptr: none.
   void SetTestHook(std::function<void(const char* point)> hook) {
     test_hook_ = std::move(hook);
@@ -287,6 +314,8 @@ class TierCore {
     uint32_t namespaces_unrecoverable = 0;
     uint64_t pages = 0;          // Page rows restored (all ranks).
     uint64_t journal_bytes = 0;  // Read.
+    // Temporary segment files of killed creators removed (segment_cleanup.h).
+    uint32_t temp_segments_removed = 0;
     absl::Duration elapsed;
   };
   // Rebuilds the namespaces recorded in options.state_dir: reopens their
@@ -302,8 +331,11 @@ class TierCore {
   // journals) or an operator drops it; with corrupt_journal_empty a corrupt
   // one is reopened empty instead. One whose segments were recreated is
   // reopened empty. Processes recorded before the restart that still live
-  // put up the restart fence (tier_core.h, "fence"). REQUIRES: called once,
-  // before any session opens. With no state_dir it does nothing.
+  // put up the restart fence (tier_core.h, "fence"). First, with or
+  // without a state_dir, removes (and logs) the temporary segment files
+  // that creators killed part-way left in the segment folders
+  // (shm/segment_cleanup.h). REQUIRES: called once, before any session
+  // opens. With no state_dir it does nothing more.
   absl::StatusOr<RecoveryReport> Recover();
   struct Unrecoverable {
     std::string name;
@@ -341,12 +373,40 @@ class TierCore {
     absl::flat_hash_map<uint64_t, uint32_t> attached;
   };
 
-  // `creator`: the attaching session's peer, charged for a namespace this
-  // creates under --uid_budget_bytes when verified (nullptr: nobody).
+  struct PendingName;    // tier_namespace.h
+  struct NamespacePlan;  // tier_namespace.h
+
+  // Returns the namespace `name`, creating it when it does not exist
+  // (tier_attach.cc). `creator`: the attaching session's peer, charged for a
+  // namespace this creates under --uid_budget_bytes when verified (nullptr:
+  // nobody). `recovering`: Recover reopens it from its journal (no
+  // unrecoverable check, no journal written). Returns with mu_ held and the
+  // namespace published, but RELEASES mu_ meanwhile (while it waits for a
+  // pending name, and while it creates segments and journal): the caller
+  // must look up again anything it found under mu_ before the call.
   absl::StatusOr<std::shared_ptr<Namespace>> CreateOrOpenLocked(
       const std::string& name, const v1::Layout& layout,
       const v1::Capacity& capacity, const std::string& tenant_salt,
-      bool* created, const PeerInfo* creator = nullptr)
+      bool* created, const PeerInfo* creator = nullptr, bool recovering = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sizes and checks a namespace to create; nothing changes on error.
+  absl::Status PlanNamespaceLocked(const std::string& name,
+                                   const v1::Layout& layout,
+                                   const v1::Capacity& capacity,
+                                   const PeerInfo* creator, NamespacePlan* plan)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes the namespace of `plan`: index, segments (populated) and, unless
+  // recovering, journal. Unpublished. On failure unlinks the segments it
+  // created (not recovering) and returns why.
+  absl::StatusOr<std::shared_ptr<Namespace>> BuildNamespace(
+      const NamespacePlan& plan) ABSL_LOCKS_EXCLUDED(mu_);
+  // Drop of the prefix subtree under `key`, under ns.mu only.
+  absl::Status DropPrefix(Namespace& ns, const HashKey& key,
+                          v1::DropResponse* response) ABSL_LOCKS_EXCLUDED(mu_);
+  // While `name` is pending, waits for it (releasing mu_ meanwhile). Returns
+  // false when it was not pending; else true, with the creation's error in
+  // *failed when a creation it waited for failed.
+  bool WaitPendingLocked(const std::string& name, absl::Status* failed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Resolves (session, namespace) of a request to the namespace and the
   // session's storage rank there.
@@ -377,9 +437,13 @@ class TierCore {
   // unreadable or corrupt; other errors: the banks cannot be reopened.
   absl::Status RecoverNamespace(const std::string& name,
                                 RecoveryReport* report);
-  // Drop of an unrecoverable namespace: unlinks its segments and journal.
+  // Drop of an unrecoverable namespace: unlinks its segments and journal,
+  // releasing mu_ meanwhile (the name pending).
   absl::Status DropUnrecoverableLocked(const std::string& name)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Recover's first step: removes the temporary segment files of killed
+  // creators (shm/segment_cleanup.h) and logs them; returns how many.
+  uint32_t RemoveOrphanedTempSegments();
 
   // ---- the fence (tier_fence.cc); REQUIRES: ns.mu held for *Locked. ----
   void Hook(const char* point) {
@@ -418,9 +482,10 @@ class TierCore {
       ABSL_GUARDED_BY(mu_);
   // Bank bytes of the namespaces each uid created (--uid_budget_bytes).
   absl::flat_hash_map<uid_t, uint64_t> uid_bytes_ ABSL_GUARDED_BY(mu_);
-  // While Recover reopens a namespace, CreateOrOpenLocked writes no journal
-  // (the old one is still being read).
-  bool recovering_ ABSL_GUARDED_BY(mu_) = false;
+  // Names being created or whose dropped namespace is being removed, with
+  // mu_ released (PendingName). Never in by_name_ at the same time.
+  absl::flat_hash_map<std::string, std::shared_ptr<PendingName>> pending_
+      ABSL_GUARDED_BY(mu_);
   // Namespaces kept but not served (see Recover).
   absl::flat_hash_map<std::string, Unrecoverable> unrecoverable_
       ABSL_GUARDED_BY(mu_);

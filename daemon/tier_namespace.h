@@ -1,11 +1,19 @@
 // TierCore::Namespace: one namespace's banks, index, journal, and the
-// reservations, leases and fence holds its sessions have. Private to the
-// TierCore implementation files (tier_core.cc, tier_fence.cc).
+// reservations, leases and fence holds its sessions have; and the
+// PendingName and NamespacePlan of its creation (tier_attach.cc). Private to
+// the TierCore implementation files (tier_core.cc, tier_attach.cc,
+// tier_fence.cc, tier_recovery.cc).
+//
+// Thread-safety: a Namespace's fields are immutable after construction or
+// guarded by its mu, as annotated; a PendingName's by TierCore::mu_.
 #ifndef KVTIER_DAEMON_TIER_NAMESPACE_H_
 #define KVTIER_DAEMON_TIER_NAMESPACE_H_
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -35,6 +43,51 @@ inline absl::Status CheckApiVersion(uint32_t v) {
   }
   return absl::OkStatus();
 }
+
+// One hash of exactly `hash_bytes`, else INVALID_ARGUMENT naming `field`.
+inline absl::Status ParseOneHash(const std::string& bytes, uint32_t hash_bytes,
+                                 absl::string_view field, HashKey* out) {
+  if (bytes.size() != hash_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": must be ", hash_bytes, " bytes, got ", bytes.size()));
+  }
+  out->bytes.fill(0);
+  std::memcpy(out->bytes.data(), bytes.data(), hash_bytes);
+  return absl::OkStatus();
+}
+
+// A name whose namespace is being created, or whose dropped namespace's
+// journal and segments are being removed, with TierCore::mu_ released
+// (tier_attach.cc). It is in TierCore::pending_ meanwhile; a request for the
+// name waits (mu_.Await) until `done`. A creation counts against
+// --max_namespaces and holds its --uid_budget_bytes charge from the start.
+// Every field is guarded by TierCore::mu_.
+struct TierCore::PendingName {
+  enum class Kind : uint8_t { kCreating, kDropping };
+  Kind kind = Kind::kCreating;
+  bool done = false;
+  // kCreating, once done: OK (published) or why it failed, which the
+  // requests that waited for it return too.
+  absl::Status status;
+};
+
+// What CreateOrOpenLocked decided, under mu_, about a namespace to create:
+// BuildNamespace makes it without locks.
+struct TierCore::NamespacePlan {
+  std::string name;
+  v1::Layout layout;  // Normalized.
+  uint32_t stored_ranks = 1;
+  uint64_t page_rows = 0;
+  uint64_t snapshot_rows = 0;
+  uint32_t max_replay_tokens = 0;
+  uint64_t bank_bytes = 0;
+  bool charged = false;  // bank_bytes charged to creator_uid.
+  uid_t creator_uid = static_cast<uid_t>(-1);
+  shm::SegmentOptions segment_options;
+  // Reopening from a journal (Recover): no journal is written, and segments
+  // are never unlinked on failure.
+  bool recovering = false;
+};
 
 struct TierCore::Namespace {
   struct Reservation {

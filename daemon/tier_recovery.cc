@@ -1,6 +1,9 @@
 // TierCore's recovery: namespaces rebuilt from their journals at start,
 // and the ones that cannot be, kept (journal and segments) and reported as
-// unrecoverable until they can be reopened or an operator drops them.
+// unrecoverable until they can be reopened or an operator drops them; and,
+// first, the temporary segment files of killed creators removed.
+//
+// Thread-safety: thread-safe (part of TierCore; lock order in tier_core.h).
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
@@ -17,14 +20,54 @@
 #include "absl/strings/strip.h"
 #include "daemon/tier_core.h"
 #include "daemon/tier_namespace.h"
+#include "shm/hugepages.h"
+#include "shm/segment_cleanup.h"
 #include "shm/trusted_path.h"
 #include "spdlog/spdlog.h"
 
 namespace kvtier::daemon {
 
+uint32_t TierCore::RemoveOrphanedTempSegments() {
+  // The folders segments are made in: shm_dir, and the hugetlbfs folder
+  // (configured, else the detected mount) whatever the policy now, since an
+  // earlier run may have used it.
+  std::vector<std::string> dirs = {options_.segments.shm_dir};
+  if (!options_.segments.hugetlbfs_dir.empty()) {
+    dirs.push_back(options_.segments.hugetlbfs_dir);
+  } else if (auto huge = shm::DetectHugeTlbfs(""); huge.ok()) {
+    dirs.push_back(huge->mount);
+  }
+  uint32_t removed = 0;
+  for (const std::string& dir : dirs) {
+    if (dir.empty()) continue;
+    // Before this daemon creates any segment: temporaries of its own pid
+    // are a previous process's (pid reuse, e.g. pid 1 in a container).
+    auto scan = shm::RemoveTempSegments(dir, options_.segment_prefix,
+                                        ::geteuid(), ::getpid());
+    if (!scan.ok()) {
+      SPDLOG_WARN("orphaned temporary segments: {}", scan.status().ToString());
+      continue;
+    }
+    for (const std::string& path : scan->removed) {
+      SPDLOG_INFO(
+          "removed orphaned temporary segment {} (its creator was killed "
+          "while creating it)",
+          path);
+    }
+    for (const auto& kept : scan->kept) {
+      SPDLOG_WARN("kept temporary segment {}: {}", kept.path, kept.reason);
+    }
+    removed += static_cast<uint32_t>(scan->removed.size());
+  }
+  return removed;
+}
+
 absl::StatusOr<TierCore::RecoveryReport> TierCore::Recover() {
   RecoveryReport report;
-  if (options_.state_dir.empty()) return report;
+  if (options_.state_dir.empty()) {
+    report.temp_segments_removed = RemoveOrphanedTempSegments();
+    return report;
+  }
   const absl::Time start = absl::Now();
   const std::string& dir = options_.state_dir;
   std::error_code ec;
@@ -57,6 +100,7 @@ absl::StatusOr<TierCore::RecoveryReport> TierCore::Recover() {
                      lock_path, "); give each daemon its own --state_dir"));
   }
   state_lock_fd_ = lock_fd;
+  report.temp_segments_removed = RemoveOrphanedTempSegments();
   // The processes that held rows before the restart (fence_registry.h).
   auto waiting = fence_->Recover();
   if (!waiting.ok()) {
@@ -129,11 +173,11 @@ absl::Status TierCore::RecoverNamespace(const std::string& name,
   capacity.set_max_replay_tokens(h.max_replay_tokens);
   absl::StatusOr<std::shared_ptr<Namespace>> ns_or;
   {
+    // Writes no journal: the old one is still being read.
     absl::MutexLock lock(&mu_);
     bool created = false;
-    recovering_ = true;
-    ns_or = CreateOrOpenLocked(h.name, h.layout, capacity, "", &created);
-    recovering_ = false;
+    ns_or = CreateOrOpenLocked(h.name, h.layout, capacity, "", &created,
+                               /*creator=*/nullptr, /*recovering=*/true);
   }
   if (!ns_or.ok()) {
     return absl::UnavailableError(
@@ -250,6 +294,13 @@ absl::Status TierCore::DropUnrecoverableLocked(const std::string& name) {
     return absl::NotFoundError(
         absl::StrCat("namespace: no namespace '", name, "'"));
   }
+  // Forgotten now; its files are removed with mu_ released, the name
+  // pending so that no namespace of that name is made meanwhile.
+  unrecoverable_.erase(it);
+  auto pending = std::make_shared<PendingName>();
+  pending->kind = PendingName::Kind::kDropping;
+  pending_[name] = pending;
+  mu_.Unlock();
   // The segments: those the journal names when it can be read, else every
   // file of the namespace's name pattern in the shm folder.
   const std::string path = JournalPath(options_.state_dir, name);
@@ -293,7 +344,9 @@ absl::Status TierCore::DropUnrecoverableLocked(const std::string& name) {
   std::filesystem::remove(path, ec);
   SPDLOG_INFO("unrecoverable namespace '{}' dropped ({} segments)", name,
               segments.size());
-  unrecoverable_.erase(it);
+  mu_.Lock();
+  pending_.erase(name);
+  pending->done = true;
   return absl::OkStatus();
 }
 

@@ -319,9 +319,8 @@ absl::StatusOr<Segment> SegmentCreator::CreateIn(
   std::string temp_path;
   int raw_fd = -1;
   for (int attempt = 0; raw_fd < 0; ++attempt) {
-    temp_path =
-        JoinPath(dir, absl::StrCat(".", spec.file_name, ".", getpid(), ".",
-                                   temp_counter.fetch_add(1), ".tmp"));
+    temp_path = JoinPath(dir, TempSegmentName(spec.file_name, getpid(),
+                                              temp_counter.fetch_add(1)));
     raw_fd =
         open(temp_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (raw_fd < 0 && (errno != EEXIST || attempt >= 100)) {

@@ -43,6 +43,8 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "shm/bank_header.h"
 #include "shm/trusted_path.h"
 
@@ -80,6 +82,15 @@ struct SegmentOptions {
   mode_t mode = 0660;  // permission bits only; must include 0600
   gid_t group = static_cast<gid_t>(-1);  // -1: leave the group alone
 };
+
+// The private name (in the target directory) a creator builds segment
+// `file_name` under before publishing it: "." + file_name + "." + pid + "."
+// + counter + ".tmp", pid and counter decimal. Only a creator killed
+// part-way leaves one behind; shm/segment_cleanup.h removes those.
+inline std::string TempSegmentName(absl::string_view file_name, pid_t pid,
+                                   uint64_t counter) {
+  return absl::StrCat(".", file_name, ".", pid, ".", counter, ".tmp");
+}
 
 // Returns round_up(row_bytes, kRowAlign).
 // REQUIRES: row_bytes <= kMaxDataBytes.

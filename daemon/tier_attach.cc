@@ -393,9 +393,9 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
   session = sessions_.find(req.session_id());
   if (session == sessions_.end()) {
     SPDLOG_INFO(
-        "session {:016x} closed while namespace '{}' was being created; "
+        "session {} closed while namespace '{}' was being created; "
         "the namespace stays, not attached",
-        req.session_id(), n.name);
+        SessionTag(req.session_id()), n.name);
     return absl::NotFoundError(absl::StrCat(
         "session_id: no open session ", req.session_id(),
         " (it closed while namespace '", n.name, "' was being created)"));
@@ -443,8 +443,9 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
     p->set_row_stride(e.row_stride);
     p->set_kind("snapshot");
   }
-  SPDLOG_INFO("session {:016x} attached to '{}' rank {}{}", req.session_id(),
-              n.name, req.tp_rank(), created ? " (created)" : "");
+  SPDLOG_INFO("session {} attached to '{}' rank {}{}",
+              SessionTag(req.session_id()), n.name, req.tp_rank(),
+              created ? " (created)" : "");
   return absl::OkStatus();
 }
 
@@ -456,8 +457,7 @@ absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
   }
   if (absl::Status s = CheckNamespaceRight(
           Caller{caller.operator_socket,
-                 caller.session_id != 0 ? caller.session_id
-                                        : req.session_id()},
+                 caller.session_id != 0 ? caller.session_id : req.session_id()},
           req.namespace_(), "drop");
       !s.ok()) {
     return s;

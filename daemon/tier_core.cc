@@ -112,8 +112,8 @@ absl::StatusOr<uint64_t> TierCore::OpenSession(const v1::Hello& hello,
   s.fence_version = hello.fence_version();
   fence_->OpenSession(id, hello.instance_id(), hello.fence_version(),
                       hello.connection_id());
-  SPDLOG_INFO("session {:016x} opened: client '{}' pid {}", id, s.client_name,
-              peer.pid);
+  SPDLOG_INFO("session {} opened: client '{}' pid {}", SessionTag(id),
+              s.client_name, peer.pid);
   return id;
 }
 
@@ -181,9 +181,9 @@ void TierCore::CloseSession(uint64_t session_id) {
     ns->sessions.erase(session_id);
   }
   SPDLOG_INFO(
-      "session {:016x} closed: {} reservations aborted, {} leases "
+      "session {} closed: {} reservations aborted, {} leases "
       "released, {} fenced",
-      session_id, aborted, released, fenced);
+      SessionTag(session_id), aborted, released, fenced);
 }
 
 absl::StatusOr<std::shared_ptr<TierCore::Namespace>> TierCore::Resolve(
@@ -1112,7 +1112,7 @@ absl::Status TierCore::BindPeerCredentials(uint64_t session_id,
   }
   bound = peer;
   fence_->BindProcess(session_id, peer.pid);
-  SPDLOG_INFO("session {:016x}: peer pid {} uid {} gid {}", session_id,
+  SPDLOG_INFO("session {}: peer pid {} uid {} gid {}", SessionTag(session_id),
               peer.pid, peer.uid, peer.gid);
   return absl::OkStatus();
 }

@@ -23,6 +23,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/fence_registry.h"
@@ -33,6 +34,12 @@
 #include "shm/segment.h"
 
 namespace kvtier::daemon {
+
+// A session id is the capability of every RPC of its session: logs name a
+// session by this tag (its low 16 bits), never by the whole id.
+inline std::string SessionTag(uint64_t session_id) {
+  return absl::StrFormat("s-%04x", session_id & 0xffff);
+}
 
 // OK for api_version 0 (unset) or kApiVersion; FAILED_PRECONDITION naming
 // both otherwise. Every request checks it first.

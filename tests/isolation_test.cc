@@ -290,6 +290,126 @@ TEST_F(IsolationTest, OtherUsersCanNeitherAttachNorMapSegments) {
   EXPECT_THAT(found.output, HasSubstr("MATCHED 8\nBYTES ok"));
 }
 
+// Rights (issue 14, item 2): B, in the socket's group but not the team's,
+// can neither drop nor list the team's namespace, nor see it in Stats, nor
+// reach the operator socket; A, who may attach to it, may list it; the
+// operator socket (root here, or --admin_group) may do everything.
+TEST_F(IsolationTest, GroupMembersCannotDropOrListWhatTheyMayNotAttach) {
+  const std::string sock = daemon_.socket();
+  const std::string admin = daemon_.admin_socket();
+  Outcome wrote = RunAs(
+      &a_, [&](std::string* out) { return Commit(sock, "team", "", 9, out); });
+  ASSERT_EQ(wrote.code, 0) << wrote.output;
+  const std::string chain = absl::HexStringToBytes(ChainOf(wrote.output));
+  ASSERT_FALSE(chain.empty());
+  const std::string leaf = chain.substr(chain.size() - 32);
+
+  // Runs `body` with a raw stub on `socket` and a bound session of this
+  // user (a kvtier::Client's).
+  auto with_session =
+      [](const std::string& socket, const std::string& engine, std::string* out,
+         const std::function<int(v1::TierService::Stub&, Client&)>& body) {
+        auto client =
+            Client::Connect({.socket = engine, .client_name = "rights"});
+        if (!client.ok()) return Failed(out, client.status(), 70);
+        auto stub = v1::TierService::NewStub(grpc::CreateChannel(
+            "unix:" + socket, grpc::InsecureChannelCredentials()));
+        return body(*stub, **client);
+      };
+
+  Outcome b = RunAs(&b_, [&](std::string* out) {
+    return with_session(
+        sock, sock, out, [&](v1::TierService::Stub& stub, Client& client) {
+          int bad = 0;
+          // Drop through libkvtier (its session's credentials).
+          auto dropped = client.Drop("team", "", /*force=*/true);
+          *out += "Drop(team): " + dropped.status().ToString() + "\n";
+          if (dropped.status().code() != absl::StatusCode::kPermissionDenied) {
+            ++bad;
+          }
+          // Testing whether a guessed prompt is cached: ListPrefixes.
+          v1::ListPrefixesRequest lp;
+          lp.set_namespace_("team");
+          lp.set_session_id(client.session_id());
+          v1::ListPrefixesResponse lpr;
+          grpc::ClientContext c1;
+          grpc::Status listed = stub.ListPrefixes(&c1, lp, &lpr);
+          *out += absl::StrCat("ListPrefixes(team): ", listed.error_code(), " ",
+                               listed.error_message(), "\n");
+          if (listed.error_code() != grpc::StatusCode::PERMISSION_DENIED) ++bad;
+          // Stats and ListNamespaces do not show it.
+          v1::StatsRequest st;
+          st.set_session_id(client.session_id());
+          v1::StatsResponse str;
+          grpc::ClientContext c2;
+          if (!stub.Stats(&c2, st, &str).ok()) ++bad;
+          for (const auto& ns : str.namespaces()) {
+            if (ns.name() == "team") {
+              *out += "Stats shows team\n";
+              ++bad;
+            }
+          }
+          // Verify is an operator's; the operator socket is out of reach.
+          v1::VerifyResponse vr;
+          grpc::ClientContext c3;
+          if (stub.Verify(&c3, {}, &vr).error_code() !=
+              grpc::StatusCode::PERMISSION_DENIED) {
+            ++bad;
+          }
+          const int err = ConnectErrno(admin);
+          *out += absl::StrCat("connect ", admin, ": ", strerror(err), "\n");
+          if (err != EACCES) ++bad;
+          return bad;
+        });
+  });
+  EXPECT_EQ(b.code, 0) << b.output;
+  EXPECT_THAT(b.output, HasSubstr("lacks the right to drop namespace 'team'"));
+  EXPECT_THAT(b.output, HasSubstr("lacks the right to list namespace 'team'"));
+
+  // A may list the team's prefixes (and sees them in Stats).
+  Outcome a = RunAs(&a_, [&](std::string* out) {
+    return with_session(
+        sock, sock, out, [&](v1::TierService::Stub& stub, Client& client) {
+          v1::ListPrefixesRequest lp;
+          lp.set_namespace_("team");
+          lp.set_session_id(client.session_id());
+          v1::ListPrefixesResponse lpr;
+          grpc::ClientContext c1;
+          grpc::Status listed = stub.ListPrefixes(&c1, lp, &lpr);
+          *out += absl::StrCat("ListPrefixes: ", listed.error_message(), " ",
+                               lpr.total_prefixes(), "\n");
+          return listed.ok() && lpr.total_prefixes() >= 1 ? 0 : 1;
+        });
+  });
+  EXPECT_EQ(a.code, 0) << a.output;
+
+  // The operator socket: the team's prefixes are there, and Drop works.
+  Outcome op = RunAs(nullptr, [&](std::string* out) {
+    auto stub = v1::TierService::NewStub(grpc::CreateChannel(
+        "unix:" + admin, grpc::InsecureChannelCredentials()));
+    v1::ListPrefixesRequest lp;
+    lp.set_namespace_("team");
+    v1::ListPrefixesResponse lpr;
+    grpc::ClientContext c1;
+    if (!stub->ListPrefixes(&c1, lp, &lpr).ok()) return 80;
+    bool found = false;
+    for (const auto& p : lpr.prefixes()) found |= p.leaf_hash() == leaf;
+    if (!found) return 81;
+    v1::VerifyResponse vr;
+    grpc::ClientContext c2;
+    if (!stub->Verify(&c2, {}, &vr).ok() || !vr.ok()) return 82;
+    v1::DropRequest d;
+    d.set_namespace_("team");
+    d.set_force(true);
+    v1::DropResponse dr;
+    grpc::ClientContext c3;
+    grpc::Status s = stub->Drop(&c3, d, &dr);
+    *out += absl::StrCat("Drop: ", s.error_message(), "\n");
+    return s.ok() ? 0 : 83;
+  });
+  EXPECT_EQ(op.code, 0) << op.output;
+}
+
 TEST_F(IsolationTest, TenantSaltsKeepIdenticalPromptsApart) {
   const std::string sock = daemon_.socket();
   Outcome a = RunAs(&a_, [&](std::string* out) {

@@ -455,10 +455,8 @@ absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
   if (absl::Status s = ValidateNamespaceName(req.namespace_()); !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckNamespaceRight(
-          Caller{caller.operator_socket,
-                 caller.session_id != 0 ? caller.session_id : req.session_id()},
-          req.namespace_(), "drop");
+  if (absl::Status s = CheckNamespaceRight(caller.WithSession(req.session_id()),
+                                           req.namespace_(), "drop");
       !s.ok()) {
     return s;
   }

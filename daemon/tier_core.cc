@@ -922,9 +922,7 @@ absl::Status TierCore::Stats(const v1::StatsRequest& req,
     resp->set_sessions(sessions_.size());
     for (const auto& [name, ns] : by_name_) all.push_back(ns);
   }
-  const Caller who{caller.operator_socket, caller.session_id != 0
-                                               ? caller.session_id
-                                               : req.session_id()};
+  const Caller who = caller.WithSession(req.session_id());
   if (!who.operator_socket) {
     // An engine sees only the namespaces it may attach to.
     std::erase_if(all, [&](const std::shared_ptr<Namespace>& ns) {
@@ -974,10 +972,8 @@ absl::Status TierCore::ListPrefixes(const v1::ListPrefixesRequest& req,
   }
   // Which prompts are cached is the namespace's secret: testing a guessed
   // prompt's hash needs the right to list.
-  if (absl::Status s = CheckNamespaceRight(
-          Caller{caller.operator_socket,
-                 caller.session_id != 0 ? caller.session_id : req.session_id()},
-          req.namespace_(), "list");
+  if (absl::Status s = CheckNamespaceRight(caller.WithSession(req.session_id()),
+                                           req.namespace_(), "list");
       !s.ok()) {
     return s;
   }

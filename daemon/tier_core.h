@@ -125,6 +125,12 @@ struct Caller {
   // Otherwise: the session whose bound peer credentials decide (0: none,
   // which may act only on namespaces no --namespace_acl entry governs).
   uint64_t session_id = 0;
+
+  // This caller, with the request's `session` standing in when the caller
+  // names none.
+  Caller WithSession(uint64_t session) const {
+    return {operator_socket, session_id != 0 ? session_id : session};
+  }
 };
 
 class TierCore {

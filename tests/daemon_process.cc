@@ -125,6 +125,23 @@ void Child::Signal(int sig) {
   if (pid_ > 0 && !reaped_) kill(pid_, sig);
 }
 
+Ran RunProgram(const std::vector<std::string>& argv, absl::Duration timeout) {
+  Ran r;
+  auto child = Child::Spawn(argv);
+  if (!child.ok()) {
+    r.out = child.status().ToString();
+    return r;
+  }
+  auto rc = child->Wait(timeout);
+  r.out = child->output();
+  if (rc.ok()) {
+    r.rc = *rc;
+  } else {
+    r.out += "\n(" + rc.status().ToString() + ")";
+  }
+  return r;
+}
+
 std::string ResolveProgram(const std::string& compiled,
                            const std::string& relative) {
   std::error_code ec;

@@ -47,6 +47,17 @@ class Child {
   bool reaped_ = false;
 };
 
+// What a program run to completion printed on stdout and how it ended.
+struct Ran {
+  int rc = -1;  // Exit code (128+signal); -1 when it could not be run or
+                // did not exit within the timeout (then `out` says why).
+  std::string out;
+};
+// Runs `argv` (argv[0] a path) and waits for it, `timeout` at most (then it
+// is killed).
+Ran RunProgram(const std::vector<std::string>& argv,
+               absl::Duration timeout = absl::Seconds(60));
+
 // Returns the path of a program of this build: `compiled` (an absolute path
 // baked in at build time) when it exists, else `relative` (from the build
 // root, e.g. "daemon/kvtierd") found by walking up from this executable's

@@ -46,25 +46,6 @@ const std::string kCtl = ResolveProgram(KVTIER_KVTIERCTL_PATH, "cli/kvtierctl");
 const std::string kClient =
     ResolveProgram(KVTIER_TEST_CLIENT_PATH, "tests/kvtier_test_client");
 
-struct Ran {
-  int rc = -1;
-  std::string out;
-};
-
-// Runs `argv` to completion (60 s at most) and returns its exit code and
-// stdout.
-Ran RunProgram(const std::vector<std::string>& argv) {
-  Ran r;
-  auto child = Child::Spawn(argv);
-  EXPECT_TRUE(child.ok()) << child.status();
-  if (!child.ok()) return r;
-  auto rc = child->Wait(absl::Seconds(60));
-  EXPECT_TRUE(rc.ok()) << rc.status();
-  r.rc = rc.ok() ? *rc : -1;
-  r.out = child->output();
-  return r;
-}
-
 Ran RunCtl(const DaemonProcess& d, std::vector<std::string> args) {
   args.insert(args.begin(), {kCtl, "--socket=" + d.socket()});
   return RunProgram(args);

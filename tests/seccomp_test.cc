@@ -74,23 +74,6 @@ std::set<std::string> Words(const std::string& s, const char* seps) {
   return out;
 }
 
-struct Ran {
-  int rc = -1;
-  std::string out;
-};
-
-Ran RunProgram(const std::vector<std::string>& argv) {
-  Ran r;
-  auto child = Child::Spawn(argv);
-  EXPECT_TRUE(child.ok()) << child.status();
-  if (!child.ok()) return r;
-  auto rc = child->Wait(absl::Seconds(60));
-  EXPECT_TRUE(rc.ok()) << rc.status();
-  r.rc = rc.ok() ? *rc : -1;
-  r.out = child->output();
-  return r;
-}
-
 const std::vector<std::string> kProbes = {"mincore", "mseal", "netlink", "unix",
                                           "wx"};
 

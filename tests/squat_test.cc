@@ -44,17 +44,8 @@ Outcome RunDaemon(const std::vector<std::string>& flags) {
       "--metrics_address=",
       "--log_level=info"};
   argv.insert(argv.end(), flags.begin(), flags.end());
-  Outcome o;
-  auto child = Child::Spawn(argv);
-  if (!child.ok()) {
-    o.output = child.status().ToString();
-    return o;
-  }
-  auto rc = child->Wait(absl::Seconds(30));
-  o.code = rc.ok() ? *rc : -1;
-  o.output = child->output();
-  if (!rc.ok()) o.output += "\n(wait: " + rc.status().ToString() + ")";
-  return o;
+  const Ran r = RunProgram(argv, absl::Seconds(30));
+  return Outcome{r.rc, r.out};
 }
 
 std::string ReadFile(const std::string& path) {

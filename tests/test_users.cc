@@ -41,13 +41,10 @@ std::string CannotCreateUsers() {
 }
 
 absl::Status RunTool(const std::vector<std::string>& argv) {
-  auto child = Child::Spawn(argv);
-  if (!child.ok()) return child.status();
-  auto rc = child->Wait(absl::Seconds(30));
-  if (!rc.ok()) return rc.status();
-  if (*rc != 0) {
+  const Ran r = RunProgram(argv, absl::Seconds(30));
+  if (r.rc != 0) {
     return absl::InternalError(
-        absl::StrCat(argv[0], " exited with ", *rc, ": ", child->output()));
+        absl::StrCat(argv[0], " exited with ", r.rc, ": ", r.out));
   }
   return absl::OkStatus();
 }

@@ -80,9 +80,9 @@ TEST_F(TrustedPathTest, RefusesSymlinksFilesAndWritableFolders) {
 
   EXPECT_EQ(EnsureTrustedDir("relative/dir", 0750, "--shm_dir").code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(EnsureTrustedDir(dir_ + "/no/such/parent", 0750, "--shm_dir")
-                .code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(
+      EnsureTrustedDir(dir_ + "/no/such/parent", 0750, "--shm_dir").code(),
+      absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(TrustedPathTest, RefusesAFolderOfAnotherUid) {
@@ -92,8 +92,8 @@ TEST_F(TrustedPathTest, RefusesAFolderOfAnotherUid) {
   ASSERT_EQ(chown(d.c_str(), kOtherUid, kOtherUid), 0);
   const absl::Status s = EnsureTrustedDir(d, 0750, "--state_dir");
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("belongs to uid ",
-                                                  kOtherUid)));
+  EXPECT_THAT(s.message(),
+              HasSubstr(absl::StrCat("belongs to uid ", kOtherUid)));
 }
 
 TEST_F(TrustedPathTest, ChecksFilesOwnerModeAndType) {
@@ -150,8 +150,7 @@ TEST_F(TrustedPathTest, DaemonSocketOwnerIsTheDaemonsUid) {
   // A symlink to the socket is not the socket.
   const std::string link = dir_ + "/link.sock";
   ASSERT_EQ(symlink(sock.c_str(), link.c_str()), 0);
-  EXPECT_THAT(CheckDaemonSocket(link).status().message(),
-              HasSubstr("symlink"));
+  EXPECT_THAT(CheckDaemonSocket(link).status().message(), HasSubstr("symlink"));
 
   if (geteuid() == 0) {
     // Someone else's socket in their own folder straight under

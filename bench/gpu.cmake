@@ -15,11 +15,22 @@
 include_guard(GLOBAL)
 
 if(KVTIER_HAVE_CUDA)
-  add_executable(transfer_bench ${CMAKE_CURRENT_LIST_DIR}/transfer_bench.cc)
+  # transfer_bench.cc (flags, setup, main) and its parts; transfer_bench.h
+  # says which file holds what.
+  add_executable(transfer_bench
+    ${CMAKE_CURRENT_LIST_DIR}/transfer_bench.cc
+    ${CMAKE_CURRENT_LIST_DIR}/transfer_bench.h
+    ${CMAKE_CURRENT_LIST_DIR}/transfer_bench_common.cc
+    ${CMAKE_CURRENT_LIST_DIR}/transfer_bench_gemm.cc
+    ${CMAKE_CURRENT_LIST_DIR}/transfer_bench_json.cc
+    ${CMAKE_CURRENT_LIST_DIR}/transfer_bench_layouts.cc
+    ${CMAKE_CURRENT_LIST_DIR}/transfer_bench_measure.cc
+    ${CMAKE_CURRENT_LIST_DIR}/transfer_bench_transfers.cc)
   kvtier_target_options(transfer_bench)
   # kvtier_transfer brings kvtier_kernels (KVTIER_HAVE_CUDA=1, the static
   # CUDA runtime and its headers).
-  target_include_directories(transfer_bench PRIVATE ${CUDAToolkit_INCLUDE_DIRS})
+  target_include_directories(transfer_bench PRIVATE ${PROJECT_SOURCE_DIR}
+    ${CUDAToolkit_INCLUDE_DIRS})
   target_link_libraries(transfer_bench PRIVATE kvtier_transfer
     CUDA::cudart_static absl::flags absl::flags_parse absl::str_format
     absl::strings absl::time ${CMAKE_DL_LIBS} Threads::Threads)

@@ -211,7 +211,7 @@ class Segment {
   bool created_ = false;
   ino_t inode_ = 0;
 
-  // Creation internals in segment.cc fill in the members directly.
+  // Creation internals in segment_create.cc fill in the members directly.
   friend class SegmentCreator;
 };
 

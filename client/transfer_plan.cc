@@ -16,7 +16,6 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
@@ -29,8 +28,6 @@ namespace {
 using kernels::CopyDirection;
 using kernels::PageCopyParams;
 using kernels::PageCopySegment;
-
-std::string Hex(uint64_t v) { return absl::StrFormat("0x%x", v); }
 
 // A set of `count` equal-sized blocks `stride` apart: a pool tensor's pages,
 // a snapshot segment's slots, or a host bank's rows.
@@ -81,7 +78,7 @@ absl::Status CheckHostBank(const std::string& what, const HostBankView& v,
   }
   if (v.base % kPoolAlignment != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ": base ", Hex(v.base),
+        absl::StrCat(what, ": base 0x", absl::Hex(v.base),
                      " is misaligned: it must be a multiple of 16"));
   }
   if (v.rows == 0) {
@@ -120,7 +117,7 @@ absl::Status CheckTensor(const std::string& what, const PoolTensor& t,
   }
   if (t.base % kPoolAlignment != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        what, ".base ", Hex(t.base),
+        what, ".base 0x", absl::Hex(t.base),
         " is misaligned: base and page_stride must be multiples of 16"));
   }
   if (t.page_stride % kPoolAlignment != 0) {
@@ -367,9 +364,10 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
       if (tensors[i].snapshot == tensors[j].snapshot &&
           Overlaps(tensors[i], tensors[j])) {
         return absl::InvalidArgumentError(absl::StrCat(
-            tensors[i].name, " overlaps ", tensors[j].name, " (",
-            Hex(tensors[i].base), "..", Hex(tensors[i].end), " and ",
-            Hex(tensors[j].base), "..", Hex(tensors[j].end), ")"));
+            tensors[i].name, " overlaps ", tensors[j].name, " (0x",
+            absl::Hex(tensors[i].base), "..0x", absl::Hex(tensors[i].end),
+            " and 0x", absl::Hex(tensors[j].base), "..0x",
+            absl::Hex(tensors[j].end), ")"));
       }
     }
     for (const Extent& h : hosts) {

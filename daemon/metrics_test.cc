@@ -5,8 +5,10 @@
 
 #include <stdlib.h>
 
+#include <chrono>
 #include <filesystem>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -297,9 +299,17 @@ TEST(OpTimerTest, RecordsOnceIntoTheInstalledSink) {
     untimed.Done(true);
   }
   EXPECT_TRUE(sink.ops.empty());
+  // The recorded duration runs from construction to the first Done, in
+  // seconds: at least the sleep in between (steady_clock is monotonic), at
+  // most the interval measured around the timer.
+  constexpr std::chrono::milliseconds kSlept(20);
+  std::chrono::duration<double> outer;
   {
+    const auto before = std::chrono::steady_clock::now();
     OpTimer timer(TimedOp::kLookup, Transport::kFastPath);
+    std::this_thread::sleep_for(kSlept);
     timer.Done(false);
+    outer = std::chrono::steady_clock::now() - before;
     timer.Done(true);  // Only the first call records.
     OpTimer not_timed(TimedOp::kNone, Transport::kGrpc);
     not_timed.Done(true);
@@ -311,7 +321,8 @@ TEST(OpTimerTest, RecordsOnceIntoTheInstalledSink) {
   ASSERT_EQ(sink.ops.size(), 1u);
   EXPECT_EQ(sink.ops[0], TimedOp::kLookup);
   EXPECT_EQ(sink.transports[0], Transport::kFastPath);
-  EXPECT_GE(sink.durations[0], 0);
+  EXPECT_GE(sink.durations[0], std::chrono::duration<double>(kSlept).count());
+  EXPECT_LE(sink.durations[0], outer.count());
   EXPECT_FALSE(sink.oks[0]);
 }
 

@@ -194,15 +194,4 @@ std::string DeriveHashSeed(absl::string_view namespace_name,
   return std::string(reinterpret_cast<const char*>(digest), hash_bytes);
 }
 
-std::string Hex(absl::string_view bytes) {
-  static constexpr char kDigits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bytes.size() * 2);
-  for (unsigned char c : bytes) {
-    out.push_back(kDigits[c >> 4]);
-    out.push_back(kDigits[c & 15]);
-  }
-  return out;
-}
-
 }  // namespace kvtier::daemon

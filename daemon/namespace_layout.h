@@ -60,9 +60,6 @@ std::string DeriveHashSeed(absl::string_view namespace_name,
                            const Fingerprint& fingerprint,
                            absl::string_view tenant_salt, uint32_t hash_bytes);
 
-// Returns lowercase hex of `bytes`.
-std::string Hex(absl::string_view bytes);
-
 }  // namespace kvtier::daemon
 
 #endif  // KVTIER_DAEMON_NAMESPACE_LAYOUT_H_

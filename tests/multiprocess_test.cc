@@ -1,6 +1,6 @@
 // Multi-process tests against a real kvtierd: one process commits and exits,
-// another finds identical bytes; a SIGKILLed client's pins and reservations
-// come back within a second while committed pages stay; a restarted daemon
+// another finds identical bytes; a SIGKILLed client's session, pins and
+// reservations are released while committed pages stay; a restarted daemon
 // reopens its segments; kvtierctl reads the daemon's state.
 #include <signal.h>
 
@@ -13,6 +13,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kvtier/client.h"
+#include "tests/daemon_probe.h"
 #include "tests/daemon_process.h"
 #include "tests/test_pattern.h"
 
@@ -55,9 +56,10 @@ TEST(MultiProcessTest, CommittedBytesSurviveTheWriterProcess) {
   EXPECT_EQ(*miss, 1);
 }
 
-TEST(MultiProcessTest, KilledClientReleasesRowsWithinASecond) {
+TEST(MultiProcessTest, KilledClientsPinsAndReservationsAreReleased) {
   DaemonProcess daemon;
   ASSERT_TRUE(daemon.Start().ok());
+  DaemonProbe probe(daemon.socket());
   auto holder =
       Child::Spawn({kClient, "hold", daemon.socket(), "churn", "16", "11"});
   ASSERT_TRUE(holder.ok()) << holder.status();
@@ -72,25 +74,44 @@ TEST(MultiProcessTest, KilledClientReleasesRowsWithinASecond) {
   auto none = (*ns)->Reserve(1);
   ASSERT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted)
       << none.status();
+  auto held = probe.Stats();
+  ASSERT_TRUE(held.ok()) << held.status();
+  ASSERT_EQ(held->namespaces_size(), 1);
+  EXPECT_EQ(held->namespaces(0).sessions(), 2u);  // The holder and this one.
+  EXPECT_EQ(held->namespaces(0).leases(), 1u);
+  EXPECT_EQ(held->namespaces(0).reservations(), 1u);
 
+  // After the SIGKILL the daemon notices the death on its own: the holder's
+  // session, lease and reservation go, and its 48 rows can be reserved
+  // again. (How soon is not asserted; the loop only stops a hung daemon.)
   holder->Signal(SIGKILL);
   const absl::Time killed = absl::Now();
   absl::StatusOr<Reservation> got = absl::UnknownError("not tried");
-  while (absl::Now() - killed < absl::Seconds(5)) {
+  while (absl::Now() - killed < absl::Seconds(60)) {
     got = (*ns)->Reserve(48);
     if (got.ok()) break;
     absl::SleepFor(absl::Milliseconds(5));
   }
-  const absl::Duration took = absl::Now() - killed;
   ASSERT_TRUE(got.ok()) << got.status();
-  EXPECT_LT(took, absl::Seconds(1)) << "rows came back after " << took;
-  std::printf("rows reusable %.1f ms after SIGKILL\n",
-              absl::ToDoubleMilliseconds(took));
+  std::printf("rows reusable %.1f ms after SIGKILL (not asserted)\n",
+              absl::ToDoubleMilliseconds(absl::Now() - killed));
   ASSERT_TRUE(got->Abort().ok());
+  auto released = probe.WaitUntilNothingHeld("churn", absl::Seconds(60));
+  ASSERT_TRUE(released.ok()) << released.status();
+  auto after = probe.Stats();
+  ASSERT_TRUE(after.ok()) << after.status();
+  ASSERT_EQ(after->namespaces_size(), 1);
+  EXPECT_EQ(after->namespaces(0).sessions(), 1u);
+  EXPECT_EQ(after->namespaces(0).leases(), 0u);
+  EXPECT_EQ(after->namespaces(0).reservations(), 0u);
+  EXPECT_EQ(after->namespaces(0).fence_holds(), 0u);
   // Nothing committed was lost.
   auto r = RunClient(daemon, "verify", "churn", 16, 11);
   ASSERT_TRUE(r.ok());
   EXPECT_EQ(*r, 0);
+  auto v = probe.Verify();
+  ASSERT_TRUE(v.ok()) << v.status();
+  EXPECT_TRUE(v->ok()) << v->violation();
 }
 
 TEST(MultiProcessTest, RestartedDaemonReopensSegments) {

@@ -193,7 +193,8 @@ TEST(RestartTest, DaemonKilledUnderLoadLosesNoAcknowledgedCommit) {
   }
   holder->Signal(SIGKILL);
   ASSERT_TRUE(holder->Wait(absl::Seconds(10)).ok());
-  auto reclaimed = probe.WaitUntilNothingHeld("load", absl::Seconds(1));
+  // How soon is not asserted: the limit only stops a hung daemon.
+  auto reclaimed = probe.WaitUntilNothingHeld("load", absl::Seconds(60));
   EXPECT_TRUE(reclaimed.ok()) << reclaimed.status();
 
   std::vector<uint64_t> acked = Acked(w0->output());

@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -46,9 +47,15 @@ absl::StatusOr<Cublas> LoadCublas(const std::string& override_path) {
         "/usr/local/cuda/lib64/libcublas.so.12",
         "libcublas.so",
     };
-    // pip's nvidia-cublas wheels (e.g. beside PyTorch).
-    for (const char* root :
-         {"/opt/torch/.venv/lib", "/usr/local/lib", "/usr/lib"}) {
+    // pip's nvidia-cublas wheels (e.g. beside PyTorch): the active venv
+    // ($VIRTUAL_ENV), then the system's site-packages.
+    std::vector<std::string> roots;
+    if (const char* venv = std::getenv("VIRTUAL_ENV"); venv && *venv) {
+      roots.push_back(absl::StrCat(venv, "/lib"));
+    }
+    roots.push_back("/usr/local/lib");
+    roots.push_back("/usr/lib");
+    for (const std::string& root : roots) {
       for (const char* py :
            {"python3.10", "python3.11", "python3.12", "python3.13"}) {
         for (const char* sub : {"site-packages", "dist-packages"}) {

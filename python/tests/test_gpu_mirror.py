@@ -128,6 +128,7 @@ def set_entries(entries, count, logical, slot, token):
 def captured(mode, stream, fn):
     """fn() run once on `stream` (loads the kernels), then captured in a
     CUDAGraph in capture_error_mode `mode`; returns the graph."""
+    torch.cuda.synchronize()  # the buffers' fills on the default stream
     with torch.cuda.stream(stream):
         fn()
     stream.synchronize()

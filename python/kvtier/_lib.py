@@ -1,10 +1,12 @@
 """ctypes declarations of libkvtier's C ABI (client/include/kvtier/kvtier.h).
 
 This module finds and loads libkvtier.so once per process and declares the
-argument and result types of every function the package calls. It mirrors the
-header by hand: the structs below must match kvtier.h field for field (the
-ABI is versioned by KVT_API_VERSION; a mismatch is caught at load time by
-comparing kvt_version() where it matters).
+argument and result types of every function of the header. It mirrors the
+header by hand: the structs below must match kvtier.h field for field, and
+python/tests/test_abi_layout.py checks that they do (sizes, alignments and
+offsets against the C compiler's, through kvtier_abi_layout) and that every
+function of the header is declared here with its argument count. The ABI is
+versioned by KVT_API_VERSION; additions keep the version.
 
 Where the library comes from, first match wins:
   1. $KVTIER_LIB (a path to libkvtier.so);

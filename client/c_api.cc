@@ -1,36 +1,27 @@
 // libkvtier's C ABI over the C++ API: argument checks, status codes and a
 // thread-local last-error string. Nothing here throws across the boundary.
+// Device pools and device snapshots are in c_api_device_pool.cc, mirrors in
+// c_api_mirror.cc.
+//
+// Thread-safety: as kvtier/kvtier.h says for each handle; the last error is
+// per thread.
 #include <chrono>
 #include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "client/c_api_internal.h"
 #include "client/transfer_engine.h"
 #include "kvtier/client.h"
 #include "kvtier/kvtier.h"
 
-struct kvt_client {
-  std::unique_ptr<kvtier::Client> client;
-};
-struct kvt_namespace {
-  std::unique_ptr<kvtier::Namespace> ns;
-};
-struct kvt_lease {
-  kvtier::Lease lease;
-};
-struct kvt_reservation {
-  kvtier::Reservation reservation;
-};
-struct kvt_pending_commit {
-  std::future<absl::StatusOr<kvtier::CommitResult>> future;
-};
-struct kvt_transfer {
-  std::unique_ptr<kvtier::client::TransferEngine> engine;
-};
+namespace kvtier::capi {
 
 namespace {
-
 thread_local std::string last_error;
+}  // namespace
+
+const char* LastError() { return last_error.c_str(); }
 
 kvt_status Set(const absl::Status& s) {
   if (s.ok()) {
@@ -41,15 +32,6 @@ kvt_status Set(const absl::Status& s) {
   return static_cast<kvt_status>(s.code());
 }
 
-kvt_status Invalid(absl::string_view what) {
-  return Set(absl::InvalidArgumentError(what));
-}
-
-#define KVT_REQUIRE(cond, msg)        \
-  do {                                \
-    if (!(cond)) return Invalid(msg); \
-  } while (0)
-
 void Fill(kvt_commit_result* out, const kvtier::CommitResult& r) {
   if (out == nullptr) return;
   out->committed_pages = r.committed_pages;
@@ -57,6 +39,73 @@ void Fill(kvt_commit_result* out, const kvtier::CommitResult& r) {
   out->committed_snapshots = r.committed_snapshots;
   out->deduplicated_snapshots = r.deduplicated_snapshots;
 }
+
+absl::StatusOr<std::vector<kvtier::SnapshotPlacement>> Placements(
+    const kvt_snapshot_placement* snaps, size_t n, uint32_t hash_bytes,
+    absl::string_view what) {
+  std::vector<kvtier::SnapshotPlacement> out;
+  if (n > 0 && snaps == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": NULL with num_", what, " > 0"));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (snaps[i].hash == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, "[", i, "].hash: NULL"));
+    }
+    out.push_back({snaps[i].index,
+                   std::string(reinterpret_cast<const char*>(snaps[i].hash),
+                               hash_bytes)});
+  }
+  return out;
+}
+
+absl::StatusOr<kvtier::GpuPoolDescriptor> Descriptor(const kvt_pool* pool) {
+  if (pool->num_banks > 0 && pool->banks == nullptr) {
+    return absl::InvalidArgumentError("pool.banks: NULL with num_banks > 0");
+  }
+  if (pool->num_snapshot_tensors > 0 && pool->snapshot == nullptr) {
+    return absl::InvalidArgumentError(
+        "pool.snapshot: NULL with num_snapshot_tensors > 0");
+  }
+  kvtier::GpuPoolDescriptor d;
+  d.device = pool->device;
+  d.num_pages = pool->num_pages;
+  for (uint32_t i = 0; i < pool->num_banks; ++i) {
+    const kvt_bank_pool& b = pool->banks[i];
+    if (b.bank == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pool.banks[", i, "].bank: NULL"));
+    }
+    if (b.num_tensors > 0 && b.tensors == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("pool.banks[", i, "].tensors: NULL"));
+    }
+    kvtier::BankPool bp;
+    bp.bank = b.bank;
+    for (uint32_t t = 0; t < b.num_tensors; ++t) {
+      bp.tensors.push_back({b.tensors[t].base, b.tensors[t].page_stride,
+                            b.tensors[t].bytes_per_page});
+    }
+    d.banks.push_back(std::move(bp));
+  }
+  for (uint32_t t = 0; t < pool->num_snapshot_tensors; ++t) {
+    d.snapshot.push_back({pool->snapshot[t].base, pool->snapshot[t].page_stride,
+                          pool->snapshot[t].bytes_per_page});
+  }
+  d.num_snapshot_slots = pool->num_snapshot_slots;
+  return d;
+}
+
+}  // namespace kvtier::capi
+
+namespace {
+
+using kvtier::capi::Bytes;
+using kvtier::capi::Fill;
+using kvtier::capi::Invalid;
+using kvtier::capi::Placements;
+using kvtier::capi::Set;
 
 void Fill(kvt_bank_info* out, const kvtier::BankMapping& b) {
   out->name = b.name.c_str();
@@ -68,36 +117,13 @@ void Fill(kvt_bank_info* out, const kvtier::BankMapping& b) {
   out->huge_pages = b.huge_pages;
 }
 
-absl::StatusOr<std::vector<kvtier::SnapshotPlacement>> Placements(
-    const kvt_snapshot_placement* snaps, size_t n, uint32_t hash_bytes) {
-  std::vector<kvtier::SnapshotPlacement> out;
-  if (n > 0 && snaps == nullptr) {
-    return absl::InvalidArgumentError("snaps: NULL with num_snaps > 0");
-  }
-  for (size_t i = 0; i < n; ++i) {
-    if (snaps[i].hash == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("snaps[", i, "].hash: NULL"));
-    }
-    out.push_back({snaps[i].index,
-                   std::string(reinterpret_cast<const char*>(snaps[i].hash),
-                               hash_bytes)});
-  }
-  return out;
-}
-
-std::string_view Bytes(const uint8_t* p, size_t n) {
-  return p == nullptr ? std::string_view()
-                      : std::string_view(reinterpret_cast<const char*>(p), n);
-}
-
 }  // namespace
 
 // libkvtier.so is built with hidden visibility; the C ABI is its face.
 #pragma GCC visibility push(default)
 extern "C" {
 
-const char* kvt_last_error(void) { return last_error.c_str(); }
+const char* kvt_last_error(void) { return kvtier::capi::LastError(); }
 const char* kvt_version(void) { return KVTIER_VERSION; }
 
 kvt_status kvt_connect(const char* socket, const char* client_name,
@@ -399,38 +425,12 @@ kvt_status kvt_transfer_create(const kvt_namespace* ns, int32_t backend,
   KVT_REQUIRE(out != nullptr, "out: NULL");
   KVT_REQUIRE(backend == KVT_BACKEND_CUDA || backend == KVT_BACKEND_REFERENCE,
               "backend: unknown value");
-  KVT_REQUIRE(pool->num_banks == 0 || pool->banks != nullptr,
-              "pool.banks: NULL with num_banks > 0");
-  KVT_REQUIRE(pool->num_snapshot_tensors == 0 || pool->snapshot != nullptr,
-              "pool.snapshot: NULL with num_snapshot_tensors > 0");
-  kvtier::GpuPoolDescriptor d;
-  d.device = pool->device;
-  d.num_pages = pool->num_pages;
-  for (uint32_t i = 0; i < pool->num_banks; ++i) {
-    const kvt_bank_pool& b = pool->banks[i];
-    if (b.bank == nullptr) {
-      return Invalid(absl::StrCat("pool.banks[", i, "].bank: NULL"));
-    }
-    if (b.num_tensors > 0 && b.tensors == nullptr) {
-      return Invalid(absl::StrCat("pool.banks[", i, "].tensors: NULL"));
-    }
-    kvtier::BankPool bp;
-    bp.bank = b.bank;
-    for (uint32_t t = 0; t < b.num_tensors; ++t) {
-      bp.tensors.push_back({b.tensors[t].base, b.tensors[t].page_stride,
-                            b.tensors[t].bytes_per_page});
-    }
-    d.banks.push_back(std::move(bp));
-  }
-  for (uint32_t t = 0; t < pool->num_snapshot_tensors; ++t) {
-    d.snapshot.push_back({pool->snapshot[t].base, pool->snapshot[t].page_stride,
-                          pool->snapshot[t].bytes_per_page});
-  }
-  d.num_snapshot_slots = pool->num_snapshot_slots;
+  auto d = kvtier::capi::Descriptor(pool);
+  if (!d.ok()) return Set(d.status());
   auto engine = ns->ns->CreateTransferEngine(
       backend == KVT_BACKEND_CUDA ? kvtier::client::Backend::kCuda
                                   : kvtier::client::Backend::kReference,
-      d, max_ctas);
+      *d, max_ctas);
   if (!engine.ok()) return Set(engine.status());
   *out = new kvt_transfer{*std::move(engine)};
   return Set(absl::OkStatus());

@@ -14,6 +14,9 @@ and CUDA streams; transformers only for kvtier.hf.
         xfer.rehydrate(free_pages[:lease.usable_pages], lease.rows)
         lease.release(torch.cuda.current_stream())
 
+Sparse-attention offload: Namespace.mirror (kvtier.mirror); the daemon's
+device pools: Namespace.open_device_pool (kvtier.device_pool).
+
 See docs/python.md. Thread-safety: see kvtier.client.
 """
 
@@ -22,6 +25,7 @@ from .client import (BankInfo, BankLayout, Client, CommitResult, Layout, Lease,
                      Namespace, PendingCommit, PoolDescriptor, PoolTensorSpec,
                      Reservation, Transfer)
 from .daemon import Daemon, find_kvtierd
+from .device_pool import DevicePool, DevicePoolInfo, cuda_tensor
 from .errors import (AbortedError, AlreadyExistsError, CancelledError,
                      DataLossError, DeadlineExceededError,
                      FailedPreconditionError, InternalError,
@@ -29,6 +33,7 @@ from .errors import (AbortedError, AlreadyExistsError, CancelledError,
                      OutOfRangeError, PermissionDeniedError,
                      ResourceExhaustedError, UnauthenticatedError,
                      UnavailableError, UnimplementedError, UnknownError)
+from .mirror import Mirror, mirror_entries
 from .torch_pool import TorchPool, kv_pool_tensors, tensor_spec
 
 __version__ = "0.1.0"
@@ -36,14 +41,15 @@ __version__ = "0.1.0"
 __all__ = [
     "AbortedError", "AlreadyExistsError", "BankInfo", "BankLayout",
     "CancelledError", "Client", "CommitResult", "Daemon", "DataLossError",
-    "DeadlineExceededError", "FailedPreconditionError", "InternalError",
-    "InvalidArgumentError", "KvtierError", "Layout", "Lease", "Namespace",
+    "DeadlineExceededError", "DevicePool", "DevicePoolInfo",
+    "FailedPreconditionError", "InternalError", "InvalidArgumentError",
+    "KvtierError", "Layout", "Lease", "Mirror", "Namespace",
     "NotFoundError", "OutOfRangeError", "PendingCommit",
     "PermissionDeniedError", "PoolDescriptor", "PoolTensorSpec",
     "Reservation", "ResourceExhaustedError", "TorchPool", "Transfer",
     "UnauthenticatedError", "UnavailableError", "UnimplementedError",
-    "UnknownError", "find_kvtierd", "kv_pool_tensors", "library_path",
-    "library_version", "tensor_spec",
+    "UnknownError", "cuda_tensor", "find_kvtierd", "kv_pool_tensors",
+    "library_path", "library_version", "mirror_entries", "tensor_spec",
 ]
 
 

@@ -1,10 +1,12 @@
 """ctypes declarations of libkvtier's C ABI (client/include/kvtier/kvtier.h).
 
 This module finds and loads libkvtier.so once per process and declares the
-argument and result types of every function the package calls. It mirrors the
-header by hand: the structs below must match kvtier.h field for field (the
-ABI is versioned by KVT_API_VERSION; a mismatch is caught at load time by
-comparing kvt_version() where it matters).
+argument and result types of every function of the header. It mirrors the
+header by hand: the structs below must match kvtier.h field for field, and
+python/tests/test_abi_layout.py checks that they do (sizes, alignments and
+offsets against the C compiler's, through kvtier_abi_layout) and that every
+function of the header is declared here with its argument count. The ABI is
+versioned by KVT_API_VERSION; additions keep the version.
 
 Where the library comes from, first match wins:
   1. $KVTIER_LIB (a path to libkvtier.so);
@@ -117,6 +119,48 @@ class Pool(Structure):
     ]
 
 
+class DevicePoolInfo(Structure):
+    _fields_ = [
+        ("device_ordinal", c_int32),
+        ("pci_bus_id", c_char_p),
+        ("ipc_handle", POINTER(c_uint8)),
+        ("ipc_handle_len", c_size_t),
+        ("rows", c_uint64),
+        ("row_bytes", c_uint64),
+        ("row_stride", c_uint64),
+        ("withheld", c_int32),
+    ]
+
+
+class MirrorEntry(Structure):
+    _fields_ = [("logical", c_int32), ("slot", c_int32), ("token", c_int32)]
+
+
+class MirrorOptions(Structure):
+    _fields_ = [
+        ("logical_pages", c_uint32),
+        ("gpu_slots", c_uint32),
+        ("max_batch", c_uint32),
+        ("max_selected", c_uint32),
+        ("max_store_entries", c_uint32),
+        ("copy_ctas", c_uint32),
+        ("store_ctas", c_uint32),
+        ("backend", c_int32),
+    ]
+
+
+# Every struct of kvtier.h by its C name (tests/test_abi_layout.py compares
+# them with the header as the C compiler lays it out).
+STRUCTS = {
+    "kvt_bank_layout": BankLayout, "kvt_layout": Layout,
+    "kvt_attach_options": AttachOptions, "kvt_bank_info": BankInfo,
+    "kvt_snapshot_placement": SnapshotPlacement,
+    "kvt_commit_result": CommitResult, "kvt_pool_tensor": PoolTensor,
+    "kvt_bank_pool": BankPool, "kvt_pool": Pool,
+    "kvt_device_pool_info": DevicePoolInfo, "kvt_mirror_entry": MirrorEntry,
+    "kvt_mirror_options": MirrorOptions,
+}
+
 _u8p = POINTER(c_uint8)
 _u32p = POINTER(c_uint32)
 _status = c_int32
@@ -171,6 +215,47 @@ _SIGNATURES = {
     "kvt_rehydrate": (_status, [c_void_p, _u32p, _u32p, c_size_t, c_void_p]),
     "kvt_snapshot_save": (_status, [c_void_p, c_uint32, c_uint32, c_void_p]),
     "kvt_snapshot_restore": (_status, [c_void_p, c_uint32, c_uint32, c_void_p]),
+    # Device pools and device snapshots (c_api_device_pool.cc).
+    "kvt_num_device_pools": (c_uint32, [c_void_p]),
+    "kvt_device_pools_valid": (c_int32, [c_void_p]),
+    "kvt_device_pool": (_status, [c_void_p, c_uint32, POINTER(DevicePoolInfo)]),
+    "kvt_device_pool_open": (_status, [c_void_p, c_uint32, POINTER(c_void_p)]),
+    "kvt_device_pool_close": (None, [c_void_p]),
+    "kvt_device_pool_describe": (_status, [c_void_p, POINTER(DevicePoolInfo)]),
+    "kvt_device_pool_check": (_status, [c_void_p]),
+    "kvt_device_pool_slot": (_status, [c_void_p, c_uint32, POINTER(c_void_p)]),
+    "kvt_device_pool_save": (_status, [c_void_p, c_uint32, c_void_p, c_size_t,
+                                       c_void_p]),
+    "kvt_device_pool_restore": (_status, [c_void_p, c_void_p, c_void_p, c_size_t,
+                                          c_void_p]),
+    "kvt_lookup_with_device": (_status, [c_void_p, _u8p, c_size_t, c_uint32,
+                                         c_int32, POINTER(c_void_p)]),
+    "kvt_lease_has_device_snapshot": (c_int32, [c_void_p]),
+    "kvt_lease_device_snapshot_row": (c_uint32, [c_void_p]),
+    "kvt_reserve_with_device": (_status, [c_void_p, c_uint32, c_uint32, c_uint32,
+                                          c_uint32, POINTER(c_void_p)]),
+    "kvt_reservation_num_device_snapshot_rows": (c_uint32, [c_void_p]),
+    "kvt_reservation_device_snapshot_rows": (_u32p, [c_void_p]),
+    "kvt_commit_with_device": (_status, [c_void_p, _u8p, c_size_t, _u8p, c_size_t,
+                                         POINTER(SnapshotPlacement), c_size_t,
+                                         POINTER(SnapshotPlacement), c_size_t,
+                                         POINTER(CommitResult)]),
+    # Mirrors (c_api_mirror.cc).
+    "kvt_mirror_create": (_status, [c_void_p, POINTER(Pool), POINTER(MirrorOptions),
+                                    c_void_p, POINTER(c_void_p)]),
+    "kvt_mirror_close": (None, [c_void_p]),
+    "kvt_mirror_num_rows": (c_uint32, [c_void_p]),
+    "kvt_mirror_rows": (_u32p, [c_void_p]),
+    "kvt_mirror_reservation_id": (c_uint64, [c_void_p]),
+    "kvt_mirror_store": (_status, [c_void_p, c_void_p, c_void_p, c_void_p]),
+    "kvt_mirror_ensure": (_status, [c_void_p, c_void_p, c_void_p, c_void_p]),
+    "kvt_mirror_store_drops": (c_void_p, [c_void_p]),
+    "kvt_mirror_ensure_drops": (c_void_p, [c_void_p]),
+    "kvt_mirror_revoked": (c_int32, [c_void_p]),
+    "kvt_mirror_adopt": (_status, [c_void_p, _u32p, c_size_t, _u8p, c_size_t, _u8p,
+                                   c_size_t, POINTER(CommitResult)]),
+    "kvt_adopt_mirror": (_status, [c_void_p, c_void_p, _u32p, c_size_t, _u8p,
+                                   c_size_t, _u8p, c_size_t, POINTER(CommitResult)]),
 }
 
 _lock = threading.Lock()

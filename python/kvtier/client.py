@@ -1,5 +1,6 @@
 """Python handles over libkvtier's C ABI: Client, Namespace, Lease, Reservation,
-PendingCommit and Transfer.
+PendingCommit and Transfer (mirrors and device pools: kvtier.mirror,
+kvtier.device_pool).
 
     with kvtier.Client(socket=path, name="engine-0") as client:
         ns = client.attach("llama-8b", layout, page_rows=4096)
@@ -34,141 +35,16 @@ threads' calls on the same handle.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import weakref
 from collections.abc import Iterable, Sequence
 from ctypes import byref, c_size_t, c_void_p
 
 from . import _lib
+from ._types import (HASH_KINDS, BankInfo, BankLayout, CommitResult,  # noqa: F401
+                     Layout, PoolDescriptor, PoolTensorSpec, _after_handle,
+                     _backend, _c_pool, _commit_result, _join_hashes,
+                     _stream_handle, _tokens_array)
 from .errors import check
-
-HASH_KINDS = {"sha256": _lib.HASH_SHA256, "xxh3_128": _lib.HASH_XXH3_128}
-
-
-@dataclasses.dataclass(frozen=True)
-class BankLayout:
-    """One per-page bank: `row_bytes` bytes of every page ("kv", "scale", ...)."""
-    name: str
-    row_bytes: int
-    dtype: str = ""
-
-
-@dataclasses.dataclass(frozen=True)
-class Layout:
-    """Everything that decides whether two engines can share rows (see
-    kvt_layout). `hash_kind` is "sha256" (default) or "xxh3_128"."""
-    tokens_per_page: int
-    num_layers: int
-    page_banks: tuple[BankLayout, ...]
-    snapshot_row_bytes: int = 0
-    model: str = ""
-    tp_size: int = 1
-    replicated: bool = False
-    hash_kind: str = "sha256"
-
-
-@dataclasses.dataclass(frozen=True)
-class BankInfo:
-    """A mapped bank: row r starts at base + r * row_stride (a host address,
-    also the device address when cuda_registered)."""
-    name: str
-    base: int
-    rows: int
-    row_bytes: int
-    row_stride: int
-    cuda_registered: bool
-    huge_pages: bool
-
-    def row_address(self, row: int) -> int:
-        if not 0 <= row < self.rows:
-            raise IndexError(f"row {row} is not below {self.rows}")
-        return self.base + row * self.row_stride
-
-    def read_row(self, row: int) -> bytes:
-        """A copy of row `row`'s payload (for tests and tools)."""
-        return ctypes.string_at(self.row_address(row), self.row_bytes)
-
-
-@dataclasses.dataclass(frozen=True)
-class CommitResult:
-    committed_pages: int
-    deduplicated_pages: int
-    committed_snapshots: int
-    deduplicated_snapshots: int
-
-
-@dataclasses.dataclass(frozen=True)
-class PoolTensorSpec:
-    """Page p of one pool tensor is [base + p*page_stride, +bytes_per_page)."""
-    base: int
-    page_stride: int
-    bytes_per_page: int
-
-
-@dataclasses.dataclass(frozen=True)
-class PoolDescriptor:
-    """An engine's page pool (see client/include/kvtier/pool.h): `banks` maps
-    each page bank's name, in namespace order, to its tensors; `snapshot`
-    lists the snapshot segments of slot 0..num_snapshot_slots-1.
-    `device` is the CUDA ordinal (ignored by the reference backend).
-    `keepalive` holds the objects that own the memory (torch tensors)."""
-    num_pages: int
-    banks: tuple[tuple[str, tuple[PoolTensorSpec, ...]], ...]
-    snapshot: tuple[PoolTensorSpec, ...] = ()
-    num_snapshot_slots: int = 0
-    device: int = 0
-    backend: str = "reference"  # "cuda" or "reference"
-    keepalive: tuple = ()
-
-
-def _stream_handle(stream) -> int | None:
-    """The cudaStream_t of `stream` as an int (None stays None)."""
-    if stream is None:
-        return None
-    if isinstance(stream, int):
-        return stream
-    handle = getattr(stream, "cuda_stream", None)
-    if handle is None:
-        raise TypeError(f"stream: expected a torch.cuda.Stream, an int "
-                        f"cudaStream_t or None, got {type(stream).__name__}")
-    return int(handle)
-
-
-def _after_handle(stream) -> int | None:
-    """The stream for libkvtier's "once the stream's queued work finished"
-    calls (commit_after, lease release). libkvtier reads NULL there as "now",
-    but 0 is also CUDA's legacy default stream, where torch queues its work
-    unless told otherwise: pass that one as cudaStreamLegacy (0x1), which
-    names the same stream and is not NULL."""
-    handle = _stream_handle(stream)
-    return 1 if handle == 0 else handle
-
-
-def _join_hashes(hashes, hash_bytes: int, what: str = "hashes") -> tuple[bytes, int]:
-    """Packs a list of per-page hashes (or already packed bytes) and counts them."""
-    if isinstance(hashes, (bytes, bytearray, memoryview)):
-        packed = bytes(hashes)
-    else:
-        parts = list(hashes)
-        for i, h in enumerate(parts):
-            if len(h) != hash_bytes:
-                raise ValueError(f"{what}[{i}]: {len(h)} bytes, the namespace's "
-                                 f"hashes have {hash_bytes}")
-        packed = b"".join(bytes(h) for h in parts)
-    if len(packed) % hash_bytes:
-        raise ValueError(f"{what}: {len(packed)} bytes is not a multiple of "
-                         f"{hash_bytes}")
-    return packed, len(packed) // hash_bytes
-
-
-def _tokens_array(tokens) -> ctypes.Array:
-    if hasattr(tokens, "tolist"):
-        tokens = tokens.tolist()
-    values = list(tokens)
-    for i, t in enumerate(values):
-        if not -2**31 <= int(t) < 2**31:
-            raise ValueError(f"tokens[{i}]: {t} is not an int32")
-    return (ctypes.c_int32 * len(values))(*values)
 
 
 class _Handle:
@@ -361,55 +237,109 @@ class Namespace(_Handle):
         hb = self.hash_bytes
         return [raw[i * hb:(i + 1) * hb] for i in range(n.value)]
 
-    def lookup(self, hashes, pin: bool = True) -> "Lease":
+    def lookup(self, hashes, pin: bool = True,
+               device_pool: int | None = None) -> "Lease":
         """The longest cached run of `hashes` (a list of per-page hashes or
         packed bytes). With pin, the rows stay valid until the lease is
-        released."""
+        released. With `device_pool` (an index into device_pools) the lookup
+        also asks that pool for the usable snapshot
+        (Lease.has_device_snapshot; kvt_lookup_with_device): over gRPC, and
+        host-only while not device_pools_valid."""
         packed, n = _join_hashes(hashes, self.hash_bytes)
         out = c_void_p()
-        check(_lib.load().kvt_lookup(self._need(), _lib.u8(packed), n, int(pin),
-                                     byref(out)), "kvt_lookup")
+        if device_pool is None:
+            check(_lib.load().kvt_lookup(self._need(), _lib.u8(packed), n,
+                                         int(pin), byref(out)), "kvt_lookup")
+        else:
+            check(_lib.load().kvt_lookup_with_device(
+                self._need(), _lib.u8(packed), n, device_pool, int(pin),
+                byref(out)), "kvt_lookup_with_device")
         return self._adopt(Lease(self, out))
 
-    def reserve(self, pages: int, snapshots: int = 0) -> "Reservation":
-        """`pages` page rows (and `snapshots` snapshot rows), invisible until
-        committed. Raises ResourceExhaustedError when eviction cannot free
-        enough."""
+    def reserve(self, pages: int, snapshots: int = 0, device_snapshots: int = 0,
+                device_pool: int = 0) -> "Reservation":
+        """`pages` page rows (and `snapshots` snapshot rows, and
+        `device_snapshots` slots of device pool `device_pool`), invisible
+        until committed. Raises ResourceExhaustedError when eviction cannot
+        free enough; UnavailableError for device slots while not
+        device_pools_valid."""
         out = c_void_p()
-        check(_lib.load().kvt_reserve(self._need(), pages, snapshots, byref(out)),
-              "kvt_reserve")
+        if device_snapshots == 0:
+            check(_lib.load().kvt_reserve(self._need(), pages, snapshots,
+                                          byref(out)), "kvt_reserve")
+        else:
+            check(_lib.load().kvt_reserve_with_device(
+                self._need(), pages, snapshots, device_snapshots, device_pool,
+                byref(out)), "kvt_reserve_with_device")
         return self._adopt(Reservation(self, out))
+
+    # Device pools, mirrors and adoption: kvtier.device_pool, kvtier.mirror.
+
+    @property
+    def device_pools(self) -> list:
+        """The daemon's device pools (kvtier.DevicePoolInfo) as the first
+        attach reported them; empty unless kvtierd runs with
+        --device_pool_bytes."""
+        from .device_pool import device_pool_infos
+        return device_pool_infos(self)
+
+    @property
+    def device_pools_valid(self) -> bool:
+        """True while the daemon session that reported device_pools is the
+        current one; False for good once it ended (attach again)."""
+        return bool(_lib.load().kvt_device_pools_valid(self._need()))
+
+    def open_device_pool(self, index: int):
+        """Opens device pool `index` on the current CUDA device (its GPU):
+        a kvtier.DevicePool. See kvt_device_pool_open for the errors."""
+        from .device_pool import DevicePool
+        return self._adopt(DevicePool(self, index))
+
+    def mirror(self, pool, *, logical_pages: int, max_batch: int,
+               max_selected: int, max_store_entries: int,
+               gpu_slots: int | None = None, copy_ctas: int = 0,
+               store_ctas: int = 0, stream=None):
+        """A write-through mirror of `logical_pages` pages over `pool` (a
+        PoolDescriptor or kvtier.TorchPool): a kvtier.Mirror. gpu_slots
+        defaults to the pool's page count."""
+        from .mirror import Mirror
+        return self._adopt(Mirror(
+            self, pool, logical_pages=logical_pages,
+            gpu_slots=gpu_slots, max_batch=max_batch,
+            max_selected=max_selected, max_store_entries=max_store_entries,
+            copy_ctas=copy_ctas, store_ctas=store_ctas, stream=stream))
+
+    def adopt_mirror(self, mirror, indices: Sequence[int], hashes,
+                     parent: bytes | None = None) -> CommitResult:
+        """Commits copies of mirror pages into the prefix index under
+        `hashes` (one per index) below `parent`: for a kvtier.Mirror,
+        `indices` are logical pages (Mirror.adopt); for a Reservation of
+        this namespace used as a mirror, indices into its page_rows
+        (kvt_adopt_mirror). The mirror keeps its rows. REQUIRES: those rows
+        are fully written."""
+        if not isinstance(mirror, Reservation):
+            return mirror.adopt(indices, hashes, parent)
+        packed, n = _join_hashes(hashes, self.hash_bytes)
+        idx = _lib.u32_array(indices)
+        res = _lib.CommitResult()
+        check(_lib.load().kvt_adopt_mirror(
+            self._need(), mirror._need(), idx, len(idx), _lib.u8(parent),
+            len(parent or b""), _lib.u8(packed), n, byref(res)),
+            "kvt_adopt_mirror")
+        return _commit_result(res)
 
     def transfer(self, pool, max_ctas: int = 0) -> "Transfer":
         """A transfer engine between `pool` (a PoolDescriptor, or anything with
         a descriptor() method such as kvtier.TorchPool) and this namespace's
         banks. The CUDA backend runs when pool.backend == "cuda"."""
         desc = pool.descriptor() if hasattr(pool, "descriptor") else pool
-        keep = []
-
-        def tensors(specs: Sequence[PoolTensorSpec]):
-            arr = (_lib.PoolTensor * max(1, len(specs)))()
-            for i, s in enumerate(specs):
-                arr[i] = _lib.PoolTensor(s.base, s.page_stride, s.bytes_per_page)
-            keep.append(arr)
-            return arr
-
-        banks = (_lib.BankPool * max(1, len(desc.banks)))()
-        for i, (name, specs) in enumerate(desc.banks):
-            nm = name.encode()
-            keep.append(nm)
-            banks[i] = _lib.BankPool(nm, tensors(specs), len(specs))
-        snap = tensors(desc.snapshot) if desc.snapshot else None
-        cpool = _lib.Pool(desc.device, desc.num_pages, banks, len(desc.banks),
-                          snap, len(desc.snapshot), desc.num_snapshot_slots)
-        if desc.backend not in ("cuda", "reference"):
-            raise ValueError(f"pool.backend: {desc.backend!r} is not 'cuda' or "
-                             f"'reference'")
-        backend = _lib.BACKEND_CUDA if desc.backend == "cuda" else _lib.BACKEND_REFERENCE
+        cpool, keep = _c_pool(desc)
+        backend = _backend(desc)
         out = c_void_p()
         check(_lib.load().kvt_transfer_create(self._need(), backend, byref(cpool),
                                               max_ctas, byref(out)),
               "kvt_transfer_create")
+        del keep  # the C call copied the descriptor
         return self._adopt(Transfer(self, desc, out))
 
     def close(self) -> None:
@@ -438,6 +368,11 @@ class Lease(_Handle):
         self.rows = [rows[i] for i in range(self.usable_pages)] if rows else []
         self.has_snapshot = bool(lib.kvt_lease_has_snapshot(ptr))
         self.snapshot_row = lib.kvt_lease_snapshot_row(ptr) if self.has_snapshot else None
+        # The same snapshot in the device pool the lookup named (pinned with
+        # the lease): restore it device-to-device (DevicePool.restore_snapshot).
+        self.has_device_snapshot = bool(lib.kvt_lease_has_device_snapshot(ptr))
+        self.device_snapshot_row = (lib.kvt_lease_device_snapshot_row(ptr)
+                                    if self.has_device_snapshot else None)
 
     def release(self, stream=None) -> None:
         """Releases the pin now (stream None) or once `stream`'s queued work
@@ -499,37 +434,54 @@ class Reservation(_Handle):
         n = lib.kvt_reservation_num_snapshot_rows(ptr)
         p = lib.kvt_reservation_snapshot_rows(ptr)
         self.snapshot_rows = [p[i] for i in range(n)] if n else []
+        n = lib.kvt_reservation_num_device_snapshot_rows(ptr)
+        p = lib.kvt_reservation_device_snapshot_rows(ptr)
+        self.device_snapshot_rows = [p[i] for i in range(n)] if n else []
 
-    def _args(self, hashes, parent, snapshots):
+    def _placements(self, snapshots, what: str):
         hb = self._ns.hash_bytes
-        packed, n = _join_hashes(hashes, hb)
         snaps = list(snapshots)
         arr = (_lib.SnapshotPlacement * max(1, len(snaps)))()
         keep = []
         for i, (index, h) in enumerate(snaps):
             if len(h) != hb:
-                raise ValueError(f"snapshots[{i}].hash: {len(h)} bytes, the "
+                raise ValueError(f"{what}[{i}].hash: {len(h)} bytes, the "
                                  f"namespace's hashes have {hb}")
             buf = _lib.u8(bytes(h))
             keep.append(buf)
             arr[i] = _lib.SnapshotPlacement(index, ctypes.cast(buf, ctypes.POINTER(ctypes.c_uint8)))
+        return arr, len(snaps), keep
+
+    def _args(self, hashes, parent, snapshots):
+        packed, n = _join_hashes(hashes, self._ns.hash_bytes)
+        arr, ns, keep = self._placements(snapshots, "snapshots")
         return (_lib.u8(parent), len(parent or b""), _lib.u8(packed), n,
-                arr, len(snaps), keep)
+                arr, ns, keep)
 
     def commit(self, hashes, parent: bytes | None = None,
-               snapshots: Iterable[tuple[int, bytes]] = ()) -> CommitResult:
+               snapshots: Iterable[tuple[int, bytes]] = (),
+               device_snapshots: Iterable[tuple[int, bytes]] = ()) -> CommitResult:
         """Makes the rows visible under `hashes` (one per page row) below
         `parent` (None: the first pages); `snapshots` places snapshot row
-        `index` (into snapshot_rows) after the page with that hash. REQUIRES:
-        the rows are fully written (else commit_after). On failure the
-        reservation stays open."""
+        `index` (into snapshot_rows) after the page with that hash, and
+        `device_snapshots` device slot `index` (into device_snapshot_rows)
+        the same way (kvt_commit_with_device; a device slot is served only
+        where the host index holds the same snapshot). REQUIRES: the rows are
+        fully written (else commit_after). On failure the reservation stays
+        open."""
         p, plen, h, n, arr, ns, keep = self._args(hashes, parent, snapshots)
         res = _lib.CommitResult()
-        check(_lib.load().kvt_commit(self._need(), p, plen, h, n, arr, ns,
-                                     byref(res)), "kvt_commit")
+        device = list(device_snapshots)
+        if not device:
+            check(_lib.load().kvt_commit(self._need(), p, plen, h, n, arr, ns,
+                                         byref(res)), "kvt_commit")
+        else:
+            darr, dn, dkeep = self._placements(device, "device_snapshots")
+            check(_lib.load().kvt_commit_with_device(
+                self._need(), p, plen, h, n, arr, ns, darr, dn, byref(res)),
+                "kvt_commit_with_device")
         self._ptr = None
-        return CommitResult(res.committed_pages, res.deduplicated_pages,
-                            res.committed_snapshots, res.deduplicated_snapshots)
+        return _commit_result(res)
 
     def commit_after(self, stream, hashes, parent: bytes | None = None,
                      snapshots: Iterable[tuple[int, bytes]] = ()) -> PendingCommit:

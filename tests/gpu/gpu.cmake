@@ -107,3 +107,15 @@ if(KVTIER_HAVE_CUDA)
     RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/gpu)
   add_dependencies(mirror_fence_gpu_test kvtierd)
 endif()
+
+# The C ABI's CUDA paths through libkvtier.so: a kvt_mirror store captured
+# in a CUDA graph, ensure and adoption; the device pool's device snapshots.
+if(KVTIER_HAVE_CUDA)
+  kvtier_test(c_api_mirror_gpu_test
+    SOURCES ${CMAKE_CURRENT_LIST_DIR}/c_api_mirror_gpu_test.cc
+    LIBS kvtier kvtier_test_support CUDA::cudart_static
+    LABELS gpu)
+  set_target_properties(c_api_mirror_gpu_test PROPERTIES
+    RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/gpu)
+  add_dependencies(c_api_mirror_gpu_test kvtierd)
+endif()

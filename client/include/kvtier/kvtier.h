@@ -5,8 +5,9 @@
  *
  * Streams are cudaStream_t passed as void*. No call synchronises the device.
  *
- * Thread-safety: kvt_client and kvt_namespace may be used from many threads;
- * a kvt_lease or kvt_reservation by one thread at a time. */
+ * Thread-safety: kvt_client, kvt_namespace and kvt_device_pool_handle may be
+ * used from many threads; a kvt_lease, kvt_reservation or kvt_mirror by one
+ * thread at a time. */
 #ifndef KVTIER_KVTIER_H_
 #define KVTIER_KVTIER_H_
 
@@ -226,6 +227,197 @@ kvt_status kvt_snapshot_save(kvt_transfer* t, uint32_t slot, uint32_t row,
                              void* stream);
 kvt_status kvt_snapshot_restore(kvt_transfer* t, uint32_t slot, uint32_t row,
                                 void* stream);
+
+/* ------------------------------------------------------ device pools --
+ * The daemon's device pools (kvtierd --device_pool_bytes: daemon-owned GPU
+ * memory of snapshot slots, opened over CUDA IPC), as the namespace's first
+ * attach reported them; see kvtier/device_pool_client.h. A pool is valid
+ * only for the daemon session that reported it: once kvt_device_pools_valid
+ * turns 0 (the daemon stopped or restarted) every use of a pool handle
+ * answers UNAVAILABLE; attach again. */
+
+typedef struct kvt_device_pool_handle kvt_device_pool_handle;
+
+typedef struct kvt_device_pool_info {
+  int32_t device_ordinal;    /* in the daemon's CUDA numbering */
+  const char* pci_bus_id;    /* match GPUs by this; valid while ns is open */
+  const uint8_t* ipc_handle; /* a cudaIpcMemHandle_t; valid while ns is open */
+  size_t ipc_handle_len;     /* 64; 0 when withheld */
+  uint64_t rows;             /* snapshot slots */
+  uint64_t row_bytes;        /* usable bytes of one slot */
+  uint64_t row_stride;       /* bytes from slot s to s + 1 */
+  /* Non-zero: the pool does not serve this namespace (kvtierd
+   * --device_pool_namespaces) and cannot be opened; listed so that indices
+   * stay the daemon's. */
+  int32_t withheld;
+} kvt_device_pool_info;
+
+/* How many device pools the daemon reported (0 unless it runs with
+ * --device_pool_bytes), and whether the session that reported them is still
+ * the current, open one (0 forever once it ended). */
+uint32_t kvt_num_device_pools(const kvt_namespace* ns);
+int32_t kvt_device_pools_valid(const kvt_namespace* ns);
+/* Pool `index` as the daemon reported it; OUT_OF_RANGE unless index <
+ * kvt_num_device_pools. */
+kvt_status kvt_device_pool(const kvt_namespace* ns, uint32_t index,
+                           kvt_device_pool_info* out);
+/* Opens pool `index` on the current CUDA device, which must be the pool's
+ * GPU (matched by PCI bus id). INVALID_ARGUMENT naming `index`;
+ * PERMISSION_DENIED when withheld; FAILED_PRECONDITION without a device (or a
+ * CUDA build) or on another GPU; UNAVAILABLE once the exporting session
+ * ended. REQUIRES: ns outlives the handle. The handle is thread-safe. */
+kvt_status kvt_device_pool_open(const kvt_namespace* ns, uint32_t index,
+                                kvt_device_pool_handle** out);
+/* cudaIpcCloseMemHandle and frees the handle. REQUIRES: no queued copy uses
+ * the pool's memory. */
+void kvt_device_pool_close(kvt_device_pool_handle* pool);
+/* The opened pool's description (strings valid while the handle is open). */
+kvt_status kvt_device_pool_describe(const kvt_device_pool_handle* pool,
+                                    kvt_device_pool_info* out);
+/* KVT_OK while the exporting daemon session is open; UNAVAILABLE after. */
+kvt_status kvt_device_pool_check(const kvt_device_pool_handle* pool);
+/* Device address of slot `row` (row 0: the pool's base; slot s starts at
+ * base + s * row_stride). INVALID_ARGUMENT naming row; UNAVAILABLE as
+ * kvt_device_pool_check. */
+kvt_status kvt_device_pool_slot(const kvt_device_pool_handle* pool,
+                                uint32_t row, void** out);
+/* Queues a copy of `bytes` (<= row_bytes) from device memory `src` into
+ * slot `row` on `stream` (cudaStream_t; NULL: the default stream). */
+kvt_status kvt_device_pool_save(const kvt_device_pool_handle* pool,
+                                uint32_t row, const void* src, size_t bytes,
+                                void* stream);
+/* Queues the restore of the lease's snapshot into device memory `dst`: from
+ * the pool's slot when kvt_lease_has_device_snapshot, else from the host
+ * snapshot bank (over UVA). FAILED_PRECONDITION when the lease holds no
+ * snapshot. */
+kvt_status kvt_device_pool_restore(const kvt_device_pool_handle* pool,
+                                   const kvt_lease* lease, void* dst,
+                                   size_t bytes, void* stream);
+
+/* kvt_lookup that also asks device pool `device_pool` for the usable
+ * snapshot (kvt_lease_has_device_snapshot). Always over gRPC. While
+ * !kvt_device_pools_valid: a host-only lookup. INVALID_ARGUMENT when
+ * device_pool is not below kvt_num_device_pools. */
+kvt_status kvt_lookup_with_device(kvt_namespace* ns, const uint8_t* hashes,
+                                  size_t num_hashes, uint32_t device_pool,
+                                  int32_t pin, kvt_lease** out);
+/* The lease's snapshot is also in the device pool the lookup named, in this
+ * slot (pinned with the lease): restore it device-to-device. */
+int32_t kvt_lease_has_device_snapshot(const kvt_lease* lease);
+uint32_t kvt_lease_device_snapshot_row(const kvt_lease* lease);
+
+/* kvt_reserve plus `device_snapshots` slots of device pool `device_pool`.
+ * UNAVAILABLE with device_snapshots > 0 while !kvt_device_pools_valid. */
+kvt_status kvt_reserve_with_device(kvt_namespace* ns, uint32_t pages,
+                                   uint32_t snapshots,
+                                   uint32_t device_snapshots,
+                                   uint32_t device_pool, kvt_reservation** out);
+/* The reserved device pool slots. */
+uint32_t kvt_reservation_num_device_snapshot_rows(const kvt_reservation* r);
+const uint32_t* kvt_reservation_device_snapshot_rows(const kvt_reservation* r);
+/* kvt_commit that also places device slots: device_snaps[i].index indexes
+ * kvt_reservation_device_snapshot_rows. A device slot is served only where
+ * the host index holds the same snapshot. Frees the handle on success. */
+kvt_status kvt_commit_with_device(kvt_reservation* r, const uint8_t* parent,
+                                  size_t parent_len, const uint8_t* hashes,
+                                  size_t num_hashes,
+                                  const kvt_snapshot_placement* snaps,
+                                  size_t num_snaps,
+                                  const kvt_snapshot_placement* device_snaps,
+                                  size_t num_device_snaps,
+                                  kvt_commit_result* result);
+
+/* ------------------------------------------------------------ mirrors --
+ * The sparse-attention write-through mirror (kvtier/mirror.h): L logical
+ * pages in session-private rows (a reservation, invisible to lookups), a
+ * graph-capturable store kernel from the engine's pool into them, and a
+ * device-side LRU (ensure) that makes P pool pages a cache over them. When
+ * the session ends (the daemon restarted) the mirror is revoked: its store,
+ * in captured graphs too, writes nothing more, and the daemon keeps the rows
+ * fenced until this process reports them or exits; a new mirror is needed.
+ * A kvt_mirror is used by one thread and one stream at a time. */
+
+typedef struct kvt_mirror kvt_mirror;
+
+/* One stored token (kvtier::MirrorStoreEntry): the engine's logical page,
+ * the pool page ("slot") it sits in, the token's offset in the page.
+ * logical < 0: padding, skipped. */
+typedef struct kvt_mirror_entry {
+  int32_t logical;
+  int32_t slot;
+  int32_t token;
+} kvt_mirror_entry;
+
+typedef struct kvt_mirror_options {
+  uint32_t logical_pages;     /* L: rows reserved for the mirror; > 0 */
+  uint32_t gpu_slots;         /* P: pool pages the ensure manages, from 0;
+                                 <= pool.num_pages */
+  uint32_t max_batch;         /* sequences per ensure */
+  uint32_t max_selected;      /* selected pages per sequence */
+  uint32_t max_store_entries; /* entries per store; > 0 */
+  uint32_t copy_ctas;         /* CTAs of the miss copy; 0: 32 */
+  uint32_t store_ctas;        /* CTAs of the mirror store; 0: 16 */
+  /* kvt_backend. KVT_BACKEND_REFERENCE (tests without a GPU): the pool's
+   * "device addresses" are host pointers and store and ensure run the
+   * kernels' references at once (pass a NULL stream); no graph capture. */
+  int32_t backend;
+} kvt_mirror_options;
+
+/* Reserves options.logical_pages rows in ns, uploads the logical -> row table
+ * and allocates the ensure state on pool.device, initialised on `stream`
+ * (cudaStream_t). INVALID_ARGUMENT naming the field for a bad option or a
+ * pool that does not match the namespace's banks (or max_batch x
+ * max_selected > gpu_slots); FAILED_PRECONDITION without CUDA or with banks
+ * not registered with CUDA (unless the reference backend); kvt_reserve's
+ * errors. REQUIRES: ns outlives the mirror. */
+kvt_status kvt_mirror_create(kvt_namespace* ns, const kvt_pool* pool,
+                             const kvt_mirror_options* options, void* stream,
+                             kvt_mirror** out);
+/* Frees the device state, returns the rows and frees the handle. REQUIRES:
+ * no launch that uses the mirror is pending (synchronise the stream). */
+void kvt_mirror_close(kvt_mirror* m);
+/* Row of each logical page (index = logical page, kvt_mirror_num_rows = L);
+ * valid until kvt_mirror_close. */
+uint32_t kvt_mirror_num_rows(const kvt_mirror* m);
+const uint32_t* kvt_mirror_rows(const kvt_mirror* m);
+/* The id of the reservation holding the rows (names the mirror to the
+ * daemon). */
+uint64_t kvt_mirror_reservation_id(const kvt_mirror* m);
+/* Enqueues the mirror store on `stream`: entries[0, min(*count,
+ * max_store_entries)) (device pointers; host pointers for the reference)
+ * go from the pool to the mirror rows. Graph-capturable. */
+kvt_status kvt_mirror_store(kvt_mirror* m, const kvt_mirror_entry* entries,
+                            const uint32_t* count, void* stream);
+/* Enqueues one ensure step over `selected` (device, max_batch x
+ * max_selected logical pages, -1 padded); writes the slots to `translated`
+ * (device, same shape; -1 for padding and drops). Graph-capturable. */
+kvt_status kvt_mirror_ensure(kvt_mirror* m, const int32_t* selected,
+                             int32_t* translated, void* stream);
+/* Counters (one uint64_t each, device memory; host memory for the
+ * reference): entries the store dropped (malformed), entries the ensure
+ * dropped (out-of-range pages). Valid until kvt_mirror_close. */
+const void* kvt_mirror_store_drops(const kvt_mirror* m);
+const void* kvt_mirror_ensure_drops(const kvt_mirror* m);
+/* Non-zero once the session that reserved the rows ended. */
+int32_t kvt_mirror_revoked(const kvt_mirror* m);
+/* Adopts mirrored pages into the prefix index: the daemon copies rows
+ * kvt_mirror_rows()[logical_pages[i]] host-to-host into fresh rows and
+ * commits them under `hashes` (num_hashes == num_pages, packed) below
+ * `parent`. The mirror keeps its rows. REQUIRES: the pages' stores have
+ * completed. INVALID_ARGUMENT naming logical_pages[i] when not below L;
+ * UNAVAILABLE when the mirror's session ended. */
+kvt_status kvt_mirror_adopt(kvt_mirror* m, const uint32_t* logical_pages,
+                            size_t num_pages, const uint8_t* parent,
+                            size_t parent_len, const uint8_t* hashes,
+                            size_t num_hashes, kvt_commit_result* result);
+/* The same for a reservation of this session used as a mirror (rows written
+ * by any means): commits copies of mirror's page rows
+ * [mirror_indices[i]] under `hashes`; `mirror` stays reserved. */
+kvt_status kvt_adopt_mirror(kvt_namespace* ns, const kvt_reservation* mirror,
+                            const uint32_t* mirror_indices, size_t num_indices,
+                            const uint8_t* parent, size_t parent_len,
+                            const uint8_t* hashes, size_t num_hashes,
+                            kvt_commit_result* result);
 
 #ifdef __cplusplus
 }

@@ -20,6 +20,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "common/crc32c.h"
 #include "daemon/journal_replay.h"
 #include "daemon/namespace_layout.h"
 
@@ -54,24 +55,6 @@ enum RecordType : uint8_t {
   kCommit = 4,
   kDrop = 5,
 };
-
-// ------------------------------------------------------------- CRC-32C --
-
-struct Crc32cTables {
-  uint32_t t[8][256];
-  constexpr Crc32cTables() : t() {
-    for (uint32_t i = 0; i < 256; ++i) {
-      uint32_t c = i;
-      for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0x82f63b78u & (0u - (c & 1)));
-      t[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; ++i) {
-      for (int s = 1; s < 8; ++s)
-        t[s][i] = (t[s - 1][i] >> 8) ^ t[0][t[s - 1][i] & 0xff];
-    }
-  }
-};
-constexpr Crc32cTables kCrc;
 
 // ------------------------------------------------------------ encoding --
 
@@ -759,24 +742,6 @@ class ReplayModel {
 };
 
 }  // namespace
-
-uint32_t Crc32c(const void* data, size_t n, uint32_t crc) {
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  uint32_t c = ~crc;
-  while (n >= 8) {
-    uint64_t w;
-    std::memcpy(&w, p, 8);
-    w ^= c;
-    c = kCrc.t[7][w & 0xff] ^ kCrc.t[6][(w >> 8) & 0xff] ^
-        kCrc.t[5][(w >> 16) & 0xff] ^ kCrc.t[4][(w >> 24) & 0xff] ^
-        kCrc.t[3][(w >> 32) & 0xff] ^ kCrc.t[2][(w >> 40) & 0xff] ^
-        kCrc.t[1][(w >> 48) & 0xff] ^ kCrc.t[0][w >> 56];
-    p += 8;
-    n -= 8;
-  }
-  while (n-- > 0) c = (c >> 8) ^ kCrc.t[0][(c ^ *p++) & 0xff];
-  return ~c;
-}
 
 std::string JournalPath(const std::string& state_dir, const std::string& name) {
   return absl::StrCat(state_dir, "/ns.", name, ".journal");

@@ -83,10 +83,6 @@
 
 namespace kvtier::daemon {
 
-// CRC-32C (Castagnoli) of `n` bytes at `data`, continuing from `crc` (0 to
-// start). Crc32c("123456789") == 0xe3069283.
-uint32_t Crc32c(const void* data, size_t n, uint32_t crc = 0);
-
 // One segment as the journal knows it.
 struct JournalSegment {
   std::string bank;  // BankSpec name, or "snapshot".

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/crc32c.h"
 #include "daemon/journal.h"
 
 namespace kvtier::daemon::journal_internal {

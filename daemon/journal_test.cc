@@ -1,4 +1,4 @@
-// Tests of the namespace journal: CRC-32C, record round trips through
+// Tests of the namespace journal: record round trips through
 // ReadJournal and RestoreIndex, torn tails versus corrupt records, absurd
 // counts, compaction, outstanding reservations, a failed append, a journal
 // an old version wrote (testdata/), and a randomized check that replay keeps
@@ -23,6 +23,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/crc32c.h"
 #include "daemon/namespace_layout.h"
 #include "daemon/test_keys.h"
 #include "daemon/tier_core.h"
@@ -267,15 +268,6 @@ class JournalTest : public ::testing::Test {
   std::string dir_;
   std::string path_;
 };
-
-TEST(Crc32cTest, KnownValueAndIncremental) {
-  const std::string s = "123456789";
-  EXPECT_EQ(Crc32c(s.data(), s.size()), 0xe3069283u);
-  EXPECT_EQ(Crc32c(s.data() + 4, 5, Crc32c(s.data(), 4)), 0xe3069283u);
-  EXPECT_EQ(Crc32c(nullptr, 0), 0u);
-  std::string zeros(32, '\0');
-  EXPECT_EQ(Crc32c(zeros.data(), zeros.size()), 0x8a9136aau);
-}
 
 TEST_F(JournalTest, CommitsReservesAndDropsRoundTrip) {
   Journaled j(path_, {.page_rows = 64, .snapshot_rows = 8, .tp_size = 2});

@@ -1,6 +1,7 @@
 // Journals that earlier versions wrote (testdata/, see its README.md) still
 // open, replay and restore to exactly the state they held; and the
-// scenarios that wrote them, run by today's writer, replay alike.
+// scenarios that wrote them, run by today's writer, replay alike and write
+// the same bytes.
 //
 // A fixture is data: NEVER regenerate one with a newer version (that would
 // test nothing); add a new one when the writer writes something the others

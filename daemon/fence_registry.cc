@@ -15,7 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "daemon/journal.h"
+#include "common/crc32c.h"
 #include "spdlog/spdlog.h"
 
 namespace kvtier::daemon {

@@ -63,9 +63,14 @@
 // (DATA_LOSS naming the field). No count read from the file sizes an
 // allocation before it is checked against the bytes that must hold it.
 //
+// The bytes of each record: journal_format.h. The writer: journal_writer.cc;
+// the reader: journal_read.cc, replaying through journal_replay.h and
+// journal_reservations.h.
+//
 // Thread-safety: a NamespaceJournal is not thread-safe; its owner (TierCore's
-// namespace) calls it under the namespace's mutex, which also orders the
-// records as the index's changes. The free functions are thread-safe.
+// namespace) holds it ABSL_GUARDED_BY the namespace's mutex, which also
+// orders the records as the index's changes. The free functions are
+// thread-safe.
 #ifndef KVTIER_DAEMON_JOURNAL_H_
 #define KVTIER_DAEMON_JOURNAL_H_
 
@@ -82,10 +87,6 @@
 #include "kvtier/v1/tier.pb.h"
 
 namespace kvtier::daemon {
-
-// CRC-32C (Castagnoli) of `n` bytes at `data`, continuing from `crc` (0 to
-// start). Crc32c("123456789") == 0xe3069283.
-uint32_t Crc32c(const void* data, size_t n, uint32_t crc = 0);
 
 // One segment as the journal knows it.
 struct JournalSegment {

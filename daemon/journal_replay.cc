@@ -1,81 +1,13 @@
-// The journal reader's helpers: counts bounded by the payload, row-owner
-// tables and outstanding reservations (see journal_replay.h).
+// Replaying a journal's records into a ReplayModel (journal_replay.h).
+// Thread-safety: see there.
 #include "daemon/journal_replay.h"
 
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "daemon/journal.h"
 
 namespace kvtier::daemon::journal_internal {
-
-NextStatus NextRecord(const uint8_t* data, size_t size, size_t* pos,
-                      uint8_t* type, Cursor* payload, std::string* why) {
-  const size_t at = *pos;
-  if (at == size) return NextStatus::kEnd;
-  const size_t left = size - at;
-  // Zeros from `from` to the end: a tail the file system extended but
-  // never wrote (a machine crash), not records.
-  auto zeros_from = [&](size_t from) {
-    return std::all_of(data + from, data + size,
-                       [](uint8_t b) { return b == 0; });
-  };
-  if (left < kFrameBytes + 1) {
-    *why = absl::StrCat("torn record at offset ", at, ": ", left,
-                        " bytes, fewer than a record's frame");
-    return NextStatus::kTorn;
-  }
-  uint32_t length, crc;
-  std::memcpy(&length, data + at, 4);
-  std::memcpy(&crc, data + at + 4, 4);
-  if (length == 0 && zeros_from(at)) {
-    *why = absl::StrCat("torn record at offset ", at, ": the last ", left,
-                        " bytes of the file are zeros");
-    return NextStatus::kTorn;
-  }
-  // A torn write leaves a prefix of a record the daemon wrote, whose length
-  // field is in range.
-  if (length == 0 || length > kMaxRecordBytes) {
-    *why = absl::StrCat("corrupt record at offset ", at, ": length ", length,
-                        " out of range 1..", kMaxRecordBytes);
-    return NextStatus::kCorrupt;
-  }
-  if (length > left - kFrameBytes) {
-    *why = absl::StrCat("torn record at offset ", at, ": length ", length,
-                        " runs past the end of the file (", left - kFrameBytes,
-                        " bytes left)");
-    return NextStatus::kTorn;
-  }
-  const uint8_t* body = data + at + kFrameBytes;
-  const size_t end = at + kFrameBytes + length;
-  if (Crc32c(body, length) != crc) {
-    if (end == size || zeros_from(end)) {
-      *why = absl::StrCat("torn record at offset ", at,
-                          ": CRC mismatch in the file's last record");
-      return NextStatus::kTorn;
-    }
-    *why = absl::StrCat("corrupt record at offset ", at, ": CRC mismatch, ",
-                        size - end, " bytes of the file after it");
-    return NextStatus::kCorrupt;
-  }
-  *type = body[0];
-  *payload = Cursor(body + 1, length - 1);
-  *pos = end;
-  return NextStatus::kRecord;
-}
-
-absl::Status ReadCount(Cursor& c, size_t item_bytes, absl::string_view field,
-                       uint32_t* count) {
-  *count = c.U32();
-  if (!c.ok()) return absl::DataLossError(absl::StrCat(field, ": truncated"));
-  if (item_bytes > 0 && *count > c.left() / item_bytes) {
-    return absl::DataLossError(absl::StrCat(
-        field, ": ", *count, " entries of at least ", item_bytes,
-        " bytes cannot fit in the record's ", c.left(), " bytes left"));
-  }
-  return absl::OkStatus();
-}
 
 // ----------------------------------------------------------- RowOwners --
 
@@ -106,195 +38,418 @@ void RowOwners::Set(uint32_t rank, uint32_t row, uint32_t owner) {
   }
 }
 
-// -------------------------------------------------- ReservationTracker --
+// --------------------------------------------------------- ReplayModel --
 
-ReservationTracker::ReservationTracker(uint32_t ranks)
-    : ranks_(ranks), page_holder_(ranks), snapshot_holder_(ranks) {}
+ReplayModel::ReplayModel(const JournalHeader& h, uint32_t hash_bytes,
+                         uint32_t ranks, uint64_t file_bytes)
+    : hash_bytes_(hash_bytes),
+      ranks_(ranks),
+      hybrid_(h.snapshot_rows > 0),
+      page_rows_(h.page_rows),
+      snapshot_rows_(h.snapshot_rows),
+      by_key_(0, KeyHash{hash_bytes}, KeyEq{}),
+      page_owner_(ranks, h.page_rows, file_bytes),
+      snapshot_owner_(ranks, h.snapshot_rows, file_bytes),
+      reserved_(ranks) {}
 
-void ReservationTracker::Reserve(uint32_t rank,
-                                 absl::Span<const uint32_t> pages,
-                                 absl::Span<const uint32_t> snapshots,
-                                 bool merged) {
-  // A checkpoint's rows of one rank may take several records in a row: one
-  // merged reservation.
-  const bool extend = merged && !reservations_.empty() &&
-                      reservations_.back().merged &&
-                      reservations_.back().rank == rank;
-  if (!extend) {
-    reservations_.emplace_back();
-    reservations_.back().rank = rank;
-    reservations_.back().merged = merged;
+absl::Status ReplayModel::Apply(uint8_t type, Cursor& c) {
+  ++seq_;
+  // A checkpoint's records come first: nodes, then reservations in rank
+  // order. An appended reservation may look the same (taking it for a
+  // checkpoint's only makes the outstanding rows more conservative).
+  if (type != kNodes && type != kReserve) in_checkpoint_ = false;
+  switch (type) {
+    case kNodes:
+      if (checkpoint_rank_ >= 0) in_checkpoint_ = false;
+      return ApplyNodes(c);
+    case kReserve:
+      return ApplyReserve(c);
+    case kCommit:
+      return ApplyCommit(c);
+    case kDrop:
+      return ApplyDrop(c);
+    default:
+      return absl::DataLossError(
+          absl::StrCat("unknown record type ", static_cast<int>(type)));
   }
-  const uint32_t id = static_cast<uint32_t>(reservations_.size() - 1);
-  const bool was_holding = reservations_[id].held > 0;
-  // A row handed out again was freed (an abort, an expiry, or a commit not
-  // matched): that reservation is over, though its other rows, which an
-  // engine may still write, stay outstanding.
-  auto take = [&](absl::flat_hash_map<uint32_t, uint32_t>& holder,
-                  uint32_t row) {
-    auto [it, inserted] = holder.try_emplace(row, id);
-    if (!inserted) {
-      if (it->second == id) return;  // Listed twice.
-      const uint32_t old = it->second;
-      Close(old);
-      Reservation& o = reservations_[old];
-      if (--o.held == 0) {
-        if (o.merged) --ranks_[o.rank].merged_holding;
-        o.pages = {};
-        o.snapshots = {};
-      }
-      it->second = id;
+}
+
+void ReplayModel::Reserve(size_t nodes) {
+  nodes_.reserve(nodes);
+  page_row_.reserve(nodes * ranks_);
+  snapshot_row_.reserve(nodes * ranks_);
+  by_key_.reserve(nodes);
+}
+
+void ReplayModel::Export(JournalContents* out) const {
+  out->inconsistent = inconsistent_;
+  reserved_.Export(&out->outstanding_page_rows,
+                   &out->outstanding_snapshot_rows);
+  std::vector<uint32_t> order;
+  std::vector<uint32_t> position(nodes_.size(), kNoNode);
+  for (uint32_t id = 0; id < nodes_.size(); ++id) {
+    if (nodes_[id].live && nodes_[id].parent == kNoNode) order.push_back(id);
+  }
+  for (size_t i = 0; i < order.size(); ++i) {
+    for (uint32_t c = nodes_[order[i]].first_child; c != kNoNode;
+         c = nodes_[c].next_sibling) {
+      order.push_back(c);
     }
-    ++reservations_[id].held;
-  };
-  for (uint32_t row : pages) take(page_holder_[rank], row);
-  for (uint32_t row : snapshots) take(snapshot_holder_[rank], row);
-  Reservation& r = reservations_[id];
-  r.pages.insert(r.pages.end(), pages.begin(), pages.end());
-  r.snapshots.insert(r.snapshots.end(), snapshots.begin(), snapshots.end());
-  if (r.held == 0) {
-    r.open = false;
-    r.pages = {};
-    r.snapshots = {};
-  } else if (merged) {
-    if (!was_holding) ++ranks_[rank].merged_holding;
+  }
+  out->keys.reserve(order.size());
+  out->parents.reserve(order.size());
+  out->seq.reserve(order.size());
+  out->page_rows.reserve(order.size() * ranks_);
+  if (hybrid_) out->snapshot_rows.reserve(order.size() * ranks_);
+  for (size_t i = 0; i < order.size(); ++i) {
+    const uint32_t id = order[i];
+    const Node& n = nodes_[id];
+    position[id] = static_cast<uint32_t>(i);
+    out->keys.push_back(n.key);
+    out->parents.push_back(n.parent == kNoNode ? kNoNode : position[n.parent]);
+    out->seq.push_back(n.seq);
+    for (uint32_t r = 0; r < ranks_; ++r) {
+      out->page_rows.push_back(page_row_[id * ranks_ + r]);
+      if (hybrid_) out->snapshot_rows.push_back(snapshot_row_[id * ranks_ + r]);
+    }
+  }
+}
+
+uint32_t ReplayModel::NewNode(const HashKey& key, uint32_t parent) {
+  uint32_t id;
+  if (!free_ids_.empty()) {
+    id = free_ids_.back();
+    free_ids_.pop_back();
   } else {
-    ranks_[rank].open_by_size[r.pages.size()].insert(id);
-  }
-}
-
-void ReservationTracker::Close(uint32_t id) {
-  Reservation& r = reservations_[id];
-  if (!r.open) return;
-  r.open = false;
-  if (r.merged) return;
-  auto& by_size = ranks_[r.rank].open_by_size;
-  auto it = by_size.find(r.pages.size());
-  if (it == by_size.end()) return;
-  it->second.erase(id);
-  if (it->second.empty()) by_size.erase(it);
-}
-
-void ReservationTracker::Release(uint32_t rank, uint32_t row, bool snapshot,
-                                 uint32_t id) {
-  auto& holder = snapshot ? snapshot_holder_[rank] : page_holder_[rank];
-  auto it = holder.find(row);
-  if (it == holder.end() || (id != kNoNode && it->second != id)) return;
-  const uint32_t owner = it->second;
-  holder.erase(it);
-  Reservation& r = reservations_[owner];
-  // A row made visible or freed by a commit: its reservation is over.
-  Close(owner);
-  if (--r.held == 0) {
-    if (r.merged) --ranks_[rank].merged_holding;
-    r.pages = {};
-    r.snapshots = {};
-  }
-}
-
-void ReservationTracker::Consume(uint32_t id, bool all_snapshots,
-                                 absl::Span<const uint32_t> snapshot_rows) {
-  const Reservation& r = reservations_[id];
-  const uint32_t rank = r.rank;
-  // Copies: releasing the last row clears the reservation's vectors.
-  const std::vector<uint32_t> pages = r.pages;
-  const std::vector<uint32_t> snaps =
-      all_snapshots
-          ? r.snapshots
-          : std::vector<uint32_t>(snapshot_rows.begin(), snapshot_rows.end());
-  Close(id);
-  for (uint32_t row : pages) Release(rank, row, false, id);
-  for (uint32_t row : snaps) {
-    if (row != kNoRow) Release(rank, row, true, id);
-  }
-}
-
-void ReservationTracker::Commit(uint32_t rank,
-                                absl::Span<const uint32_t> page_rows,
-                                absl::Span<const uint32_t> snapshot_rows) {
-  // The reservation holding a row the commit names.
-  uint32_t id = kNoNode;
-  for (uint32_t row : page_rows) {
-    if (row == kNoRow) continue;
-    if (auto it = page_holder_[rank].find(row);
-        it != page_holder_[rank].end()) {
-      id = it->second;
-    }
-    break;
-  }
-  bool named = false;  // The commit names some row.
-  for (uint32_t row : page_rows) named = named || row != kNoRow;
-  for (uint32_t row : snapshot_rows) {
-    if (row == kNoRow) continue;
-    if (!named && id == kNoNode) {
-      if (auto it = snapshot_holder_[rank].find(row);
-          it != snapshot_holder_[rank].end()) {
-        id = it->second;
-      }
-    }
-    named = true;
-  }
-  if (!named) {
-    // Everything deduplicated: match by size, when that is unambiguous.
-    if (page_rows.empty() && snapshot_rows.empty()) return;
-    const Rank& r = ranks_[rank];
-    if (r.merged_holding > 0) return;
-    auto it = r.open_by_size.find(page_rows.size());
-    if (it == r.open_by_size.end() || it->second.size() != 1) return;
-    const uint32_t only = *it->second.begin();
-    if (reservations_[only].snapshots.size() < snapshot_rows.size()) return;
-    Consume(only, /*all_snapshots=*/true, {});
-    return;
-  }
-  bool match = id != kNoNode && reservations_[id].open &&
-               reservations_[id].pages.size() == page_rows.size();
-  if (match) {
-    const Reservation& r = reservations_[id];
-    for (size_t i = 0; match && i < page_rows.size(); ++i) {
-      if (page_rows[i] == kNoRow) continue;
-      if (r.merged) {
-        auto it = page_holder_[rank].find(page_rows[i]);
-        match = it != page_holder_[rank].end() && it->second == id;
-      } else {
-        match = r.pages[i] == page_rows[i];
-      }
-    }
-    for (size_t i = 0; match && i < snapshot_rows.size(); ++i) {
-      if (snapshot_rows[i] == kNoRow) continue;
-      auto it = snapshot_holder_[rank].find(snapshot_rows[i]);
-      match = it != snapshot_holder_[rank].end() && it->second == id;
+    id = static_cast<uint32_t>(nodes_.size());
+    nodes_.emplace_back();
+    for (uint32_t r = 0; r < ranks_; ++r) {
+      page_row_.push_back(kNoRow);
+      snapshot_row_.push_back(kNoRow);
     }
   }
-  if (match) {
-    Consume(id, /*all_snapshots=*/!reservations_[id].merged, snapshot_rows);
-    return;
+  Node& n = nodes_[id];
+  n = Node();
+  n.key = key;
+  n.parent = parent;
+  n.seq = seq_;
+  n.live = true;
+  if (parent != kNoNode) {
+    Node& p = nodes_[parent];
+    n.next_sibling = p.first_child;
+    if (p.first_child != kNoNode) nodes_[p.first_child].prev_sibling = id;
+    p.first_child = id;
   }
-  // Not a reservation the records explain: only the rows it names are
-  // known to be done with.
-  for (uint32_t row : page_rows) {
-    if (row != kNoRow) Release(rank, row, false, kNoNode);
-  }
-  for (uint32_t row : snapshot_rows) {
-    if (row != kNoRow) Release(rank, row, true, kNoNode);
+  by_key_[key] = id;
+  return id;
+}
+
+void ReplayModel::RemoveSnapshot(uint32_t id) {
+  for (uint32_t r = 0; r < ranks_; ++r) {
+    uint32_t& row = SnapshotRow(id, r);
+    if (row != kNoRow) snapshot_owner_.Set(r, row, kNoNode);
+    row = kNoRow;
   }
 }
 
-void ReservationTracker::Export(
-    std::vector<std::vector<uint32_t>>* pages,
-    std::vector<std::vector<uint32_t>>* snapshots) const {
-  auto sorted = [](const absl::flat_hash_map<uint32_t, uint32_t>& holder) {
-    std::vector<uint32_t> rows;
-    rows.reserve(holder.size());
-    for (const auto& [row, id] : holder) rows.push_back(row);
-    std::sort(rows.begin(), rows.end());
-    return rows;
+void ReplayModel::ClearPageRow(uint32_t id, uint32_t rank) {
+  uint32_t& row = PageRow(id, rank);
+  if (row != kNoRow) page_owner_.Set(rank, row, kNoNode);
+  row = kNoRow;
+  ClearSnapshotRow(id, rank);
+  for (uint32_t r = 0; r < ranks_; ++r) {
+    if (PageRow(id, r) != kNoRow) return;
+  }
+  RemoveSubtree(id);
+}
+
+void ReplayModel::ClearSnapshotRow(uint32_t id, uint32_t rank) {
+  uint32_t& row = SnapshotRow(id, rank);
+  if (row != kNoRow) snapshot_owner_.Set(rank, row, kNoNode);
+  row = kNoRow;
+}
+
+void ReplayModel::RemoveSubtree(uint32_t root) {
+  Node& rn = nodes_[root];
+  if (rn.parent != kNoNode) {
+    if (rn.prev_sibling != kNoNode) {
+      nodes_[rn.prev_sibling].next_sibling = rn.next_sibling;
+    } else {
+      nodes_[rn.parent].first_child = rn.next_sibling;
+    }
+    if (rn.next_sibling != kNoNode) {
+      nodes_[rn.next_sibling].prev_sibling = rn.prev_sibling;
+    }
+  }
+  std::vector<uint32_t> stack = {root};
+  while (!stack.empty()) {
+    const uint32_t id = stack.back();
+    stack.pop_back();
+    Node& n = nodes_[id];
+    for (uint32_t c = n.first_child; c != kNoNode; c = nodes_[c].next_sibling) {
+      stack.push_back(c);
+    }
+    RemoveSnapshot(id);
+    for (uint32_t r = 0; r < ranks_; ++r) {
+      uint32_t& row = PageRow(id, r);
+      if (row != kNoRow) page_owner_.Set(r, row, kNoNode);
+      row = kNoRow;
+    }
+    by_key_.erase(n.key);
+    n.live = false;
+    n.first_child = n.next_sibling = n.prev_sibling = kNoNode;
+    free_ids_.push_back(id);
+  }
+}
+
+absl::Status ReplayModel::ApplyNodes(Cursor& c) {
+  struct Entry {
+    uint32_t parent;
+    HashKey key;
+    uint64_t tick;
   };
-  pages->clear();
-  snapshots->clear();
-  for (size_t r = 0; r < page_holder_.size(); ++r) {
-    pages->push_back(sorted(page_holder_[r]));
-    snapshots->push_back(sorted(snapshot_holder_[r]));
+  // A node: parent, hash, tick, every rank's page (and snapshot) row.
+  const size_t node_bytes =
+      4 + hash_bytes_ + 8 + size_t{4} * ranks_ * (hybrid_ ? 2 : 1);
+  uint32_t count = 0;
+  if (absl::Status s = ReadCount(c, node_bytes, "nodes.count", &count);
+      !s.ok()) {
+    return s;
   }
+  if (count > kNodesPerRecord) {
+    return absl::DataLossError(absl::StrCat(
+        "nodes.count: ", count, " is over the limit of ", kNodesPerRecord));
+  }
+  std::vector<Entry> entries(count);
+  std::vector<uint32_t> pages(uint64_t{count} * ranks_);
+  std::vector<uint32_t> snaps(hybrid_ ? uint64_t{count} * ranks_ : 0);
+  const size_t base = checkpoint_ids_.size();
+  for (uint32_t i = 0; i < count; ++i) {
+    Entry& e = entries[i];
+    e.parent = c.U32();
+    e.key = c.Hash(hash_bytes_);
+    e.tick = c.U64();
+    if (e.parent != kNoNode && e.parent >= base + i) {
+      return absl::DataLossError(
+          absl::StrCat("nodes[", i, "]: parent follows the node"));
+    }
+    for (uint32_t r = 0; r < ranks_; ++r) {
+      const uint32_t row = c.U32();
+      if (row != kNoRow && !PageRowOk(row)) {
+        return absl::DataLossError(
+            absl::StrCat("nodes[", i, "]: page row ", row, " out of range"));
+      }
+      pages[uint64_t{i} * ranks_ + r] = row;
+    }
+    if (hybrid_) {
+      for (uint32_t r = 0; r < ranks_; ++r) {
+        const uint32_t row = c.U32();
+        if (row != kNoRow && !SnapshotRowOk(row)) {
+          return absl::DataLossError(absl::StrCat(
+              "nodes[", i, "]: snapshot row ", row, " out of range"));
+        }
+        snaps[uint64_t{i} * ranks_ + r] = row;
+      }
+    }
+  }
+  if (!c.ok() || !c.done()) return absl::DataLossError("nodes: truncated");
+  for (uint32_t i = 0; i < count; ++i) {
+    const Entry& e = entries[i];
+    const uint32_t parent =
+        e.parent == kNoNode ? kNoNode : checkpoint_ids_[e.parent];
+    if ((e.parent != kNoNode && !Live(parent)) || Find(e.key) != kNoNode) {
+      checkpoint_ids_.push_back(kNoNode);  // Its subtree goes too.
+      continue;
+    }
+    seq_ = std::max(seq_, e.tick + 1);
+    const uint32_t id = NewNode(e.key, parent);
+    nodes_[id].seq = e.tick;
+    // A row held twice, or by an outstanding reservation (which no
+    // checkpoint writes), goes to no node.
+    for (uint32_t r = 0; r < ranks_; ++r) {
+      const uint32_t row = pages[uint64_t{i} * ranks_ + r];
+      if (row != kNoRow && PageOwner(r, row) == kNoNode &&
+          !reserved_.HoldsPage(r, row)) {
+        page_owner_.Set(r, row, id);
+        PageRow(id, r) = row;
+      }
+      const uint32_t snap = hybrid_ ? snaps[uint64_t{i} * ranks_ + r] : kNoRow;
+      if (snap != kNoRow && SnapshotOwner(r, snap) == kNoNode &&
+          !reserved_.HoldsSnapshot(r, snap)) {
+        snapshot_owner_.Set(r, snap, id);
+        SnapshotRow(id, r) = snap;
+      }
+    }
+    checkpoint_ids_.push_back(id);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReplayModel::ReadRows(Cursor& c, bool snapshot,
+                                   std::vector<uint32_t>* rows) {
+  const char* field = snapshot ? "reserve.snapshot_rows" : "reserve.page_rows";
+  uint32_t n = 0;
+  if (absl::Status s = ReadCount(c, 4, field, &n); !s.ok()) return s;
+  rows->resize(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    const uint32_t row = c.U32();
+    if (snapshot ? !SnapshotRowOk(row) : !PageRowOk(row)) {
+      return absl::DataLossError(
+          absl::StrCat(field, "[", i, "]: row ", row, " out of range"));
+    }
+    (*rows)[i] = row;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReplayModel::ApplyReserve(Cursor& c) {
+  const uint32_t rank = c.U32();
+  if (!c.ok() || rank >= ranks_) {
+    return absl::DataLossError(
+        absl::StrCat("reserve.rank: ", rank, " is not below ", ranks_));
+  }
+  std::vector<uint32_t> pages, snaps;
+  if (absl::Status s = ReadRows(c, false, &pages); !s.ok()) return s;
+  if (absl::Status s = ReadRows(c, true, &snaps); !s.ok()) return s;
+  if (!c.ok() || !c.done()) {
+    return absl::DataLossError("reserve: bytes left after the rows");
+  }
+  const bool merged = in_checkpoint_ && int64_t{rank} >= checkpoint_rank_;
+  if (merged) {
+    checkpoint_rank_ = rank;
+  } else {
+    in_checkpoint_ = false;
+  }
+  reserved_.Reserve(rank, pages, snaps, merged);
+  // The engine may have written these rows: whatever held them lost them.
+  for (uint32_t row : pages) {
+    if (const uint32_t owner = PageOwner(rank, row); owner != kNoNode) {
+      ClearPageRow(owner, rank);
+    }
+  }
+  for (uint32_t row : snaps) {
+    if (const uint32_t owner = SnapshotOwner(rank, row); owner != kNoNode) {
+      ClearSnapshotRow(owner, rank);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReplayModel::ApplyCommit(Cursor& c) {
+  const uint32_t rank = c.U32();
+  const bool has_parent = c.U8() != 0;
+  HashKey parent_key;
+  if (has_parent) parent_key = c.Hash(hash_bytes_);
+  if (!c.ok() || rank >= ranks_) {
+    return absl::DataLossError(absl::StrCat(
+        "commit.rank: ", rank, " is not below ", ranks_, " (or truncated)"));
+  }
+  struct Entry {
+    HashKey key;
+    uint32_t row;
+  };
+  auto read_entries = [&](bool snapshot, std::vector<Entry>* out) {
+    const char* field = snapshot ? "commit.snapshots" : "commit.pages";
+    uint32_t n = 0;
+    if (absl::Status s = ReadCount(c, hash_bytes_ + 4, field, &n); !s.ok()) {
+      return s;
+    }
+    out->resize(n);
+    for (uint32_t i = 0; i < n; ++i) {
+      (*out)[i].key = c.Hash(hash_bytes_);
+      const uint32_t row = c.U32();
+      if (row != kNoRow && (snapshot ? !SnapshotRowOk(row) : !PageRowOk(row))) {
+        return absl::DataLossError(
+            absl::StrCat(field, "[", i, "]: row ", row, " out of range"));
+      }
+      (*out)[i].row = row;
+    }
+    return absl::OkStatus();
+  };
+  std::vector<Entry> pages, snaps;
+  if (absl::Status s = read_entries(false, &pages); !s.ok()) return s;
+  if (absl::Status s = read_entries(true, &snaps); !s.ok()) return s;
+  if (!c.ok() || !c.done()) {
+    return absl::DataLossError("commit: bytes left after the snapshots");
+  }
+  {
+    std::vector<uint32_t> page_rows, snapshot_rows;
+    page_rows.reserve(pages.size());
+    snapshot_rows.reserve(snaps.size());
+    for (const Entry& e : pages) page_rows.push_back(e.row);
+    for (const Entry& e : snaps) snapshot_rows.push_back(e.row);
+    reserved_.Commit(rank, page_rows, snapshot_rows);
+  }
+
+  // Rows this commit made visible: whatever else the model has there is
+  // stale (its eviction was not journaled).
+  for (const Entry& e : pages) {
+    if (e.row == kNoRow) continue;
+    const uint32_t owner = PageOwner(rank, e.row);
+    if (owner != kNoNode && !KeyEq()(nodes_[owner].key, e.key)) {
+      ClearPageRow(owner, rank);
+    }
+  }
+  for (const Entry& e : snaps) {
+    if (e.row == kNoRow) continue;
+    const uint32_t owner = SnapshotOwner(rank, e.row);
+    if (owner != kNoNode && !KeyEq()(nodes_[owner].key, e.key)) {
+      ClearSnapshotRow(owner, rank);
+    }
+  }
+  uint32_t prev = kNoNode;
+  if (has_parent) {
+    prev = Find(parent_key);
+    if (prev == kNoNode || PageRow(prev, rank) == kNoRow) {
+      ++inconsistent_;
+      return absl::OkStatus();
+    }
+  }
+  for (const Entry& e : pages) {
+    uint32_t id = Find(e.key);
+    if (id != kNoNode && nodes_[id].parent != prev) {
+      // Evicted and committed again under another parent.
+      RemoveSubtree(id);
+      id = kNoNode;
+      if (prev != kNoNode && !Live(prev)) break;
+    }
+    if (e.row == kNoRow) {
+      // Deduplicated: the hash had this rank's row already.
+      if (id == kNoNode || PageRow(id, rank) == kNoRow) {
+        ++inconsistent_;
+        break;
+      }
+    } else {
+      if (id == kNoNode) id = NewNode(e.key, prev);
+      uint32_t& row = PageRow(id, rank);
+      if (row != kNoRow && row != e.row) page_owner_.Set(rank, row, kNoNode);
+      row = e.row;
+      page_owner_.Set(rank, e.row, id);
+    }
+    nodes_[id].seq = seq_;
+    prev = id;
+  }
+  for (const Entry& e : snaps) {
+    if (e.row == kNoRow) continue;
+    const uint32_t id = Find(e.key);
+    if (id == kNoNode || PageRow(id, rank) == kNoRow) continue;
+    uint32_t& row = SnapshotRow(id, rank);
+    if (row != kNoRow && row != e.row) {
+      snapshot_owner_.Set(rank, row, kNoNode);
+    }
+    row = e.row;
+    snapshot_owner_.Set(rank, e.row, id);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReplayModel::ApplyDrop(Cursor& c) {
+  const HashKey key = c.Hash(hash_bytes_);
+  if (!c.ok() || !c.done()) {
+    return absl::DataLossError("drop: not exactly one hash");
+  }
+  if (const uint32_t id = Find(key); id != kNoNode) RemoveSubtree(id);
+  return absl::OkStatus();
 }
 
 }  // namespace kvtier::daemon::journal_internal

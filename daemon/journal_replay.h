@@ -1,100 +1,27 @@
-// Internal pieces of the namespace journal's reader (daemon/journal.h),
-// shared by journal.cc and journal_replay.cc: bounds-checked payload reads,
-// the replay's row-owner tables and the tracking of outstanding
-// reservations. Not part of the journal's interface.
+// Replaying a namespace journal's records (daemon/journal.h): ReplayModel,
+// the index as the records say it is, and RowOwners, who holds each row.
+// ReadJournal (journal_read.cc) feeds it the records NextRecord frames
+// (journal_format.h) and exports the result. Internal to the journal's
+// reader, not its interface.
+//
+// Thread-safety: not thread-safe; one replay (one thread) owns a model.
 #ifndef KVTIER_DAEMON_JOURNAL_REPLAY_H_
 #define KVTIER_DAEMON_JOURNAL_REPLAY_H_
 
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
-#include <string>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
-#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "absl/types/span.h"
+#include "daemon/journal.h"
+#include "daemon/journal_format.h"
+#include "daemon/journal_reservations.h"
 #include "daemon/prefix_index.h"
 
 namespace kvtier::daemon::journal_internal {
-
-// Bounds-checked reads from one record's payload. Any read past the end
-// marks the cursor failed and yields zeros (or an empty view).
-class Cursor {
- public:
-  Cursor(const uint8_t* p, size_t n) : p_(p), n_(n) {}
-  bool ok() const { return ok_; }
-  bool done() const { return n_ == 0; }
-  size_t left() const { return n_; }
-  uint8_t U8() {
-    uint8_t v = 0;
-    Read(&v, 1);
-    return v;
-  }
-  uint32_t U32() {
-    uint32_t v = 0;
-    Read(&v, 4);
-    return v;
-  }
-  uint64_t U64() {
-    uint64_t v = 0;
-    Read(&v, 8);
-    return v;
-  }
-  HashKey Hash(uint32_t hash_bytes) {
-    HashKey k;
-    Read(k.bytes.data(), hash_bytes);
-    return k;
-  }
-  // The next `n` bytes, valid while the record's memory is.
-  absl::string_view Bytes(size_t n) {
-    if (!ok_ || n > n_) {
-      ok_ = false;
-      return {};
-    }
-    absl::string_view s(reinterpret_cast<const char*>(p_), n);
-    p_ += n;
-    n_ -= n;
-    return s;
-  }
-
- private:
-  void Read(void* dst, size_t n) {
-    if (!ok_ || n > n_) {
-      ok_ = false;
-      return;
-    }
-    std::memcpy(dst, p_, n);
-    p_ += n;
-    n_ -= n;
-  }
-  const uint8_t* p_;
-  size_t n_;
-  bool ok_ = true;
-};
-
-// Record framing: u32 length of (type + payload), u32 CRC-32C of them.
-inline constexpr size_t kFrameBytes = 8;
-// Larger records are corrupt: a commit of kMaxReservePages 32-byte hashes
-// with rows is about 36 MiB.
-inline constexpr uint32_t kMaxRecordBytes = 256u << 20;
-
-enum class NextStatus { kRecord, kEnd, kTorn, kCorrupt };
-
-// Reads the record framed at `*pos` of the file's `size` bytes at `data`.
-// kRecord: its type and payload (CRC verified), `*pos` moved past it.
-// kEnd: `*pos` is the end of the file. kTorn / kCorrupt (the rule at the top
-// of daemon/journal.h): `*why` says why and at which offset; `*pos` stays.
-NextStatus NextRecord(const uint8_t* data, size_t size, size_t* pos,
-                      uint8_t* type, Cursor* payload, std::string* why);
-
-// Reads a count (u32) of items of at least `item_bytes` bytes each, and
-// checks that that many can fit in what is left of the record: DATA_LOSS
-// naming `field` otherwise. Call it before sizing anything by the count.
-absl::Status ReadCount(Cursor& c, size_t item_bytes, absl::string_view field,
-                       uint32_t* count);
 
 // Who holds each row of every rank (a node id, kNoNode for none). The
 // header's row counts are bounded by no record, so the table is dense only
@@ -118,76 +45,124 @@ class RowOwners {
   absl::flat_hash_map<uint64_t, uint32_t> map_;  // Same keys; kNoNode absent.
 };
 
-// The rows of each rank that kReserve records handed out and no kCommit
-// record has consumed since (JournalContents::outstanding_page_rows).
-//
-// A commit record names the row each hash became visible in, but writes
-// kNoRow for a deduplicated one (its row went back to the free list), so
-// which reserved rows a commit consumed is inferred: a commit consumes its
-// whole reservation (TierCore commits all of a reservation's page rows,
-// rows[i] for hashes[i], and frees its unplaced snapshot rows), which is the
-// reservation record now holding any row the commit names, when its page
-// rows agree position by position. A commit naming no row (everything
-// deduplicated) consumes the one reservation of its rank with as many page
-// rows, when there is exactly one and no checkpoint record of the rank still
-// holds rows (one of those may hide the commit's reservation). A record a
-// checkpoint wrote merges every reservation of its rank: a commit matching
-// it in size consumes its page rows (they are then exactly the commit's
-// reservation's) but only the snapshot rows it names. Whatever cannot be
-// matched stays outstanding: the inference errs only towards fencing a row
-// that no engine writes any more, never the other way.
-class ReservationTracker {
+// Hashes and compares a HashKey by its first `hash_bytes` bytes.
+struct KeyHash {
+  uint32_t hash_bytes;
+  size_t operator()(const HashKey& k) const {
+    return absl::Hash<absl::string_view>{}(absl::string_view(
+        reinterpret_cast<const char*>(k.bytes.data()), hash_bytes));
+  }
+};
+struct KeyEq {
+  bool operator()(const HashKey& a, const HashKey& b) const {
+    return a.bytes == b.bytes;  // Bytes beyond hash_bytes are zero.
+  }
+};
+
+// The index as the records say it is, without allocation or eviction:
+// nodes, their rows, and who holds each row. Records whose effects disagree
+// with it (which a consistent journal never has) are applied as far as
+// they make sense and never leave a row held twice.
+class ReplayModel {
  public:
-  explicit ReservationTracker(uint32_t ranks);
+  ReplayModel(const JournalHeader& h, uint32_t hash_bytes, uint32_t ranks,
+              uint64_t file_bytes);
 
-  // A kReserve record of `rank` (rows already validated). `merged`: the
-  // record may be a checkpoint's, holding several reservations.
-  void Reserve(uint32_t rank, absl::Span<const uint32_t> pages,
-               absl::Span<const uint32_t> snapshots, bool merged);
-  // A kCommit record of `rank`: page_rows[i] is hash i's row, or kNoRow
-  // where it deduplicated; snapshot_rows likewise for the placements.
-  void Commit(uint32_t rank, absl::Span<const uint32_t> page_rows,
-              absl::Span<const uint32_t> snapshot_rows);
+  // Applies the record of `type` whose payload `c` holds (its CRC
+  // verified). Validates the whole payload before changing any node or row:
+  // DATA_LOSS (naming the field) for a malformed one.
+  absl::Status Apply(uint8_t type, Cursor& c);
 
-  bool HoldsPage(uint32_t rank, uint32_t row) const {
-    return page_holder_[rank].contains(row);
-  }
-  bool HoldsSnapshot(uint32_t rank, uint32_t row) const {
-    return snapshot_holder_[rank].contains(row);
-  }
+  // Makes room for about `nodes` nodes (an estimate; any number works).
+  void Reserve(size_t nodes);
 
-  // Per rank, the outstanding rows, sorted ascending.
-  void Export(std::vector<std::vector<uint32_t>>* pages,
-              std::vector<std::vector<uint32_t>>* snapshots) const;
+  // Fills `out`'s nodes (live ones, parents before children), outstanding
+  // reservations and inconsistent count; leaves its other fields.
+  void Export(JournalContents* out) const;
 
  private:
-  struct Reservation {
-    uint32_t rank = 0;
-    bool merged = false;
-    bool open = true;   // Neither consumed nor partly handed out again.
-    uint64_t held = 0;  // Its rows still outstanding.
-    std::vector<uint32_t> pages, snapshots;
-  };
-  struct Rank {
-    // Open, unmerged reservations by page-row count.
-    absl::flat_hash_map<size_t, absl::flat_hash_set<uint32_t>> open_by_size;
-    uint64_t merged_holding = 0;  // Merged reservations holding rows.
+  struct Node {
+    HashKey key;
+    uint32_t parent = kNoNode;
+    uint32_t first_child = kNoNode;
+    uint32_t next_sibling = kNoNode;
+    uint32_t prev_sibling = kNoNode;
+    uint64_t seq = 0;
+    bool live = false;
   };
 
-  // Releases `row` (a page row, or a snapshot row when `snapshot`) of
-  // `rank` when reservation `id` (kNoNode: any) holds it.
-  void Release(uint32_t rank, uint32_t row, bool snapshot, uint32_t id);
-  void Close(uint32_t id);
-  // Releases all of `id`'s rows (its snapshot rows only where
-  // `all_snapshots`, else the ones listed) and closes it.
-  void Consume(uint32_t id, bool all_snapshots,
-               absl::Span<const uint32_t> snapshot_rows);
+  bool PageRowOk(uint32_t row) const { return row < page_rows_; }
+  bool SnapshotRowOk(uint32_t row) const {
+    return hybrid_ && row < snapshot_rows_;
+  }
+  uint32_t PageOwner(uint32_t rank, uint32_t row) const {
+    return page_owner_.Get(rank, row);
+  }
+  uint32_t SnapshotOwner(uint32_t rank, uint32_t row) const {
+    return snapshot_owner_.Get(rank, row);
+  }
+  uint32_t& PageRow(uint32_t id, uint32_t rank) {
+    return page_row_[uint64_t{id} * ranks_ + rank];
+  }
+  uint32_t& SnapshotRow(uint32_t id, uint32_t rank) {
+    return snapshot_row_[uint64_t{id} * ranks_ + rank];
+  }
+  bool Live(uint32_t id) const {
+    return id != kNoNode && id < nodes_.size() && nodes_[id].live;
+  }
+  uint32_t Find(const HashKey& key) const {
+    auto it = by_key_.find(key);
+    return it == by_key_.end() ? kNoNode : it->second;
+  }
 
-  std::vector<Reservation> reservations_;  // By id, in record order.
-  std::vector<Rank> ranks_;
-  // Per rank: outstanding row -> the reservation holding it.
-  std::vector<absl::flat_hash_map<uint32_t, uint32_t>> page_holder_;
-  std::vector<absl::flat_hash_map<uint32_t, uint32_t>> snapshot_holder_;
+  uint32_t NewNode(const HashKey& key, uint32_t parent);
+
+  // Frees every rank's snapshot row of `id` (as the index's snapshot
+  // eviction does).
+  void RemoveSnapshot(uint32_t id);
+
+  // Takes rank `rank`'s page row (and snapshot row) from `id`: that row was
+  // handed out again, so this copy of the node is stale for the rank. Other
+  // ranks' rows stay (their bytes are intact until reserved themselves); a
+  // node left with no page row goes, with its subtree, which no rank can
+  // reach any more.
+  void ClearPageRow(uint32_t id, uint32_t rank);
+
+  void ClearSnapshotRow(uint32_t id, uint32_t rank);
+
+  // Forgets `root` and everything below it, freeing their rows.
+  void RemoveSubtree(uint32_t root);
+
+  absl::Status ApplyNodes(Cursor& c);
+
+  absl::Status ReadRows(Cursor& c, bool snapshot, std::vector<uint32_t>* rows);
+
+  absl::Status ApplyReserve(Cursor& c);
+
+  absl::Status ApplyCommit(Cursor& c);
+
+  absl::Status ApplyDrop(Cursor& c);
+
+  const uint32_t hash_bytes_;
+  const uint32_t ranks_;
+  const bool hybrid_;
+  const uint64_t page_rows_;
+  const uint64_t snapshot_rows_;
+
+  std::vector<Node> nodes_;
+  std::vector<uint32_t> page_row_;      // [id * ranks + rank]
+  std::vector<uint32_t> snapshot_row_;  // Same.
+  std::vector<uint32_t> free_ids_;
+  absl::flat_hash_map<HashKey, uint32_t, KeyHash, KeyEq> by_key_;
+  RowOwners page_owner_;
+  RowOwners snapshot_owner_;
+  ReservationTracker reserved_;
+  std::vector<uint32_t> checkpoint_ids_;  // Checkpoint ordinal -> id.
+  // Still within what a checkpoint writes, and its last reservation's rank.
+  bool in_checkpoint_ = true;
+  int64_t checkpoint_rank_ = -1;
+  uint64_t seq_ = 0;
+  uint64_t inconsistent_ = 0;
 };
 
 }  // namespace kvtier::daemon::journal_internal

@@ -9,6 +9,7 @@ pkgs=(
   libabsl-dev libboost-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libssl-dev libxxhash-dev libsystemd-dev
+  libisal-dev  # common/crc32c: ISA-L's CRC-32C (journal, fence registry)
   prometheus-cpp-dev systemd  # kvtierd's /metrics; systemd-analyze (deploy_test)
   python3 python3-venv  # make pydeps: the venv of python/requirements.txt
   clang libclang-rt-14-dev passwd  # test-asan + fuzz/; useradd (isolation)

@@ -126,7 +126,11 @@ struct AttachOptions {
 };
 
 // A mapped bank: row r starts at base + r * row_stride. When registered,
-// `base` is also the device address (UVA).
+// `base` is also the device address (UVA). Every field is immutable once
+// Attach returned, across daemon restarts too: a recreated bank is mapped
+// over the same range (client/bank_mapping.h), so engine threads may read
+// these without a lock. cuda_registered says the bank was registered at
+// attach; Namespace::cuda_registered() says whether it still is.
 struct BankMapping {
   std::string name;
   uint8_t* base = nullptr;
@@ -287,6 +291,8 @@ class Namespace {
   const Layout& layout() const;
   uint32_t tp_rank() const;
   bool created() const;  // This attach created the namespace.
+  // True while every bank is registered with CUDA (false during a remap
+  // after a daemon restart, and after a failed re-registration).
   bool cuda_registered() const;
   const BlockHasher& hasher() const;
   const std::vector<BankMapping>& page_banks() const;

@@ -126,10 +126,10 @@
 #include "absl/strings/strip.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/pool.h"
 #include "client/transfer_engine.h"
 #include "client/transfer_plan.h"
 #include "kernels/page_copy.h"
-#include "kvtier/pool.h"
 
 ABSL_FLAG(double, pool_gib, 20, "GPU pool size in GiB (random pages over it)");
 ABSL_FLAG(std::string, prefixes, "1024,8192,32768", "Prefix lengths, tokens");
@@ -181,6 +181,9 @@ using client::HostBankView;
 using client::NamedHostBank;
 using client::TransferEngine;
 using Clock = std::chrono::steady_clock;
+using client::BankPool;
+using client::GpuPoolDescriptor;
+using client::PoolTensor;
 
 constexpr uint64_t kKiB = 1024;
 constexpr uint64_t kMiB = kKiB * kKiB;

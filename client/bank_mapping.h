@@ -46,7 +46,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "kvtier/client.h"
+#include "client/client.h"
 #include "shm/segment.h"
 
 namespace kvtier::client {

@@ -1,28 +1,29 @@
-// libkvtier's C ABI over the C++ API: argument checks, status codes and a
-// thread-local last-error string. Nothing here throws across the boundary.
+// libkvtier's C ABI (kvtier/kvtier.h) over the internal C++ API
+// (client/client.h): argument checks, status codes and a thread-local
+// last-error string. Nothing here throws across the boundary.
 #include <chrono>
 #include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "client/client.h"
 #include "client/transfer_engine.h"
-#include "kvtier/client.h"
 #include "kvtier/kvtier.h"
 
 struct kvt_client {
-  std::unique_ptr<kvtier::Client> client;
+  std::unique_ptr<kvtier::client::Client> client;
 };
 struct kvt_namespace {
-  std::unique_ptr<kvtier::Namespace> ns;
+  std::unique_ptr<kvtier::client::Namespace> ns;
 };
 struct kvt_lease {
-  kvtier::Lease lease;
+  kvtier::client::Lease lease;
 };
 struct kvt_reservation {
-  kvtier::Reservation reservation;
+  kvtier::client::Reservation reservation;
 };
 struct kvt_pending_commit {
-  std::future<absl::StatusOr<kvtier::CommitResult>> future;
+  std::future<absl::StatusOr<kvtier::client::CommitResult>> future;
 };
 struct kvt_transfer {
   std::unique_ptr<kvtier::client::TransferEngine> engine;
@@ -37,7 +38,8 @@ kvt_status Set(const absl::Status& s) {
     last_error.clear();
     return KVT_OK;
   }
-  last_error = s.ToString();
+  // Code and message; payloads (an ErrorReason) are for the C++ layer.
+  last_error = s.ToString(absl::StatusToStringMode::kWithNoExtraData);
   return static_cast<kvt_status>(s.code());
 }
 
@@ -50,7 +52,7 @@ kvt_status Invalid(absl::string_view what) {
     if (!(cond)) return Invalid(msg); \
   } while (0)
 
-void Fill(kvt_commit_result* out, const kvtier::CommitResult& r) {
+void Fill(kvt_commit_result* out, const kvtier::client::CommitResult& r) {
   if (out == nullptr) return;
   out->committed_pages = r.committed_pages;
   out->deduplicated_pages = r.deduplicated_pages;
@@ -58,7 +60,7 @@ void Fill(kvt_commit_result* out, const kvtier::CommitResult& r) {
   out->deduplicated_snapshots = r.deduplicated_snapshots;
 }
 
-void Fill(kvt_bank_info* out, const kvtier::BankMapping& b) {
+void Fill(kvt_bank_info* out, const kvtier::client::BankMapping& b) {
   out->name = b.name.c_str();
   out->base = b.base;
   out->rows = b.rows;
@@ -68,9 +70,9 @@ void Fill(kvt_bank_info* out, const kvtier::BankMapping& b) {
   out->huge_pages = b.huge_pages;
 }
 
-absl::StatusOr<std::vector<kvtier::SnapshotPlacement>> Placements(
+absl::StatusOr<std::vector<kvtier::client::SnapshotPlacement>> Placements(
     const kvt_snapshot_placement* snaps, size_t n, uint32_t hash_bytes) {
-  std::vector<kvtier::SnapshotPlacement> out;
+  std::vector<kvtier::client::SnapshotPlacement> out;
   if (n > 0 && snaps == nullptr) {
     return absl::InvalidArgumentError("snaps: NULL with num_snaps > 0");
   }
@@ -112,7 +114,7 @@ kvt_status kvt_connect_instance(const char* socket, const char* client_name,
   KVT_REQUIRE(
       instance_len == 0 || (instance_id != nullptr && instance_len == 16),
       "instance_id: must be 16 bytes (or instance_len 0)");
-  kvtier::ConnectOptions o;
+  kvtier::client::ConnectOptions o;
   if (instance_len > 0) {
     o.instance_id.assign(reinterpret_cast<const char*>(instance_id),
                          instance_len);
@@ -120,7 +122,7 @@ kvt_status kvt_connect_instance(const char* socket, const char* client_name,
   if (socket != nullptr) o.socket = socket;
   if (client_name != nullptr) o.client_name = client_name;
   o.timeout = absl::Milliseconds(timeout_ms == 0 ? 5000 : timeout_ms);
-  auto c = kvtier::Client::Connect(o);
+  auto c = kvtier::client::Client::Connect(o);
   if (!c.ok()) return Set(c.status());
   *out = new kvt_client{*std::move(c)};
   return Set(absl::OkStatus());
@@ -154,7 +156,7 @@ kvt_status kvt_attach(kvt_client* client, const kvt_attach_options* options,
   const kvt_layout& l = *options->layout;
   KVT_REQUIRE(l.num_page_banks == 0 || l.page_banks != nullptr,
               "options.layout.page_banks: NULL with num_page_banks > 0");
-  kvtier::AttachOptions o;
+  kvtier::client::AttachOptions o;
   o.name = options->name;
   o.layout.model = l.model == nullptr ? "" : l.model;
   o.layout.tokens_per_page = l.tokens_per_page;
@@ -175,8 +177,8 @@ kvt_status kvt_attach(kvt_client* client, const kvt_attach_options* options,
                   l.hash_kind == KVT_HASH_XXH3_128,
               "options.layout.hash_kind: unknown value");
   o.layout.hash_kind = l.hash_kind == KVT_HASH_XXH3_128
-                           ? kvtier::HashKind::kXxh3_128
-                           : kvtier::HashKind::kSha256;
+                           ? kvtier::client::HashKind::kXxh3_128
+                           : kvtier::client::HashKind::kSha256;
   o.tp_rank = options->tp_rank;
   o.capacity.page_rows = options->page_rows;
   o.capacity.snapshot_rows = options->snapshot_rows;
@@ -222,7 +224,7 @@ kvt_status kvt_page_bank(const kvt_namespace* ns, uint32_t index,
 kvt_status kvt_snapshot_bank(const kvt_namespace* ns, kvt_bank_info* out) {
   KVT_REQUIRE(ns != nullptr, "ns: NULL");
   KVT_REQUIRE(out != nullptr, "out: NULL");
-  const kvtier::BankMapping* b = ns->ns->snapshot_bank();
+  const kvtier::client::BankMapping* b = ns->ns->snapshot_bank();
   if (b == nullptr) {
     return Set(absl::NotFoundError("the namespace has no snapshot bank"));
   }
@@ -238,7 +240,7 @@ kvt_status kvt_hash_tokens(const kvt_namespace* ns, const int32_t* tokens,
   KVT_REQUIRE(ns != nullptr, "ns: NULL");
   KVT_REQUIRE(tokens != nullptr || num_tokens == 0, "tokens: NULL");
   KVT_REQUIRE(num_hashes != nullptr, "num_hashes: NULL");
-  const kvtier::BlockHasher& h = ns->ns->hasher();
+  const kvtier::client::BlockHasher& h = ns->ns->hasher();
   absl::Span<const int32_t> span(tokens, num_tokens);
   std::string hashes;
   if (parent != nullptr) {
@@ -369,7 +371,7 @@ kvt_status kvt_pending_wait(kvt_pending_commit* p, uint32_t timeout_ms,
                              timeout_ms)) != std::future_status::ready) {
     return Set(absl::DeadlineExceededError("commit still pending"));
   }
-  absl::StatusOr<kvtier::CommitResult> r = p->future.get();
+  absl::StatusOr<kvtier::client::CommitResult> r = p->future.get();
   delete p;
   if (!r.ok()) return Set(r.status());
   Fill(result, *r);
@@ -382,6 +384,10 @@ kvt_status kvt_abort(kvt_reservation* r) {
   delete r;
   return Set(s);
 }
+
+void kvt_reservation_free(kvt_reservation* r) { delete r; }
+
+void kvt_pending_free(kvt_pending_commit* p) { delete p; }
 
 kvt_status kvt_abort_after(kvt_reservation* r, void* stream) {
   KVT_REQUIRE(r != nullptr, "reservation: NULL");
@@ -403,7 +409,7 @@ kvt_status kvt_transfer_create(const kvt_namespace* ns, int32_t backend,
               "pool.banks: NULL with num_banks > 0");
   KVT_REQUIRE(pool->num_snapshot_tensors == 0 || pool->snapshot != nullptr,
               "pool.snapshot: NULL with num_snapshot_tensors > 0");
-  kvtier::GpuPoolDescriptor d;
+  kvtier::client::GpuPoolDescriptor d;
   d.device = pool->device;
   d.num_pages = pool->num_pages;
   for (uint32_t i = 0; i < pool->num_banks; ++i) {
@@ -414,7 +420,7 @@ kvt_status kvt_transfer_create(const kvt_namespace* ns, int32_t backend,
     if (b.num_tensors > 0 && b.tensors == nullptr) {
       return Invalid(absl::StrCat("pool.banks[", i, "].tensors: NULL"));
     }
-    kvtier::BankPool bp;
+    kvtier::client::BankPool bp;
     bp.bank = b.bank;
     for (uint32_t t = 0; t < b.num_tensors; ++t) {
       bp.tensors.push_back({b.tensors[t].base, b.tensors[t].page_stride,

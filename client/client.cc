@@ -1,9 +1,9 @@
-// libkvtier's C++ API (kvtier/client.h): Client, which connects, opens the
+// libkvtier's C++ API (client/client.h): Client, which connects, opens the
 // session, attaches namespaces (mapping and registering their banks) and
 // drops them.
 //
 // Thread-safety: thread-safe; the Connection it owns is.
-#include "kvtier/client.h"
+#include "client/client.h"
 
 #include <memory>
 #include <thread>
@@ -22,10 +22,7 @@
 #include "grpcpp/create_channel.h"
 #include "shm/trusted_path.h"
 
-namespace kvtier {
-
-using client::Connection;
-using client::NamespaceState;
+namespace kvtier::client {
 
 Client::Client(std::shared_ptr<Connection> connection)
     : connection_(std::move(connection)) {}
@@ -129,10 +126,10 @@ absl::StatusOr<std::unique_ptr<Namespace>> Client::Attach(
   req.set_tenant_salt(options.tenant_salt);
   const v1::AttachRequest replay = req;  // Without a session.
   const uint64_t epoch = connection_->epoch.load();
-  if (!connection_->alive.load()) return client::Unreachable("Attach");
+  if (!connection_->alive.load()) return Unreachable("Attach");
   req.set_session_id(connection_->session_id.load());
   if (!connection_->alive.load() || connection_->epoch.load() != epoch) {
-    return client::Unreachable("Attach");
+    return Unreachable("Attach");
   }
   v1::AttachResponse resp;
   grpc::ClientContext ctx;
@@ -170,12 +167,11 @@ absl::StatusOr<std::unique_ptr<Namespace>> Client::Attach(
   state->hasher.emplace(*std::move(hasher));
 
   const absl::Time map_start = absl::Now();
-  auto banks = client::MappedBanks::Map(client::BankSegments(resp),
-                                        connection_->daemon_uid);
+  auto banks = MappedBanks::Map(BankSegments(resp), connection_->daemon_uid);
   if (!banks.ok()) return banks.status();
   state->banks = *std::move(banks);
   state->map_seconds = absl::ToDoubleSeconds(absl::Now() - map_start);
-  if (options.register_with_cuda && client::CudaDevicePresent()) {
+  if (options.register_with_cuda && CudaDevicePresent()) {
     const absl::Time reg_start = absl::Now();
     if (absl::Status s = state->banks->RegisterWithCuda(); !s.ok()) return s;
     state->register_seconds = absl::ToDoubleSeconds(absl::Now() - reg_start);
@@ -186,13 +182,13 @@ absl::StatusOr<std::unique_ptr<Namespace>> Client::Attach(
   }
   // A session that ended during the attach may have been replaced without
   // this namespace: its id would be the dead session's.
-  if (!state->Current(epoch)) return client::Unreachable("Attach");
+  if (!state->Current(epoch)) return Unreachable("Attach");
   return std::unique_ptr<Namespace>(new Namespace(std::move(state)));
 }
 
 absl::StatusOr<DropResult> Client::Drop(const std::string& name,
                                         std::string_view hash, bool force) {
-  if (!connection_->alive.load()) return client::Unreachable("Drop");
+  if (!connection_->alive.load()) return Unreachable("Drop");
   v1::DropRequest req;
   req.set_api_version(1);
   req.set_namespace_(name);
@@ -212,4 +208,4 @@ absl::StatusOr<DropResult> Client::Drop(const std::string& name,
   return DropResult{resp.dropped_pages(), resp.dropped_snapshots()};
 }
 
-}  // namespace kvtier
+}  // namespace kvtier::client

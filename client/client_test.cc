@@ -1,7 +1,7 @@
 // Tests of libkvtier's C++ API against a real kvtierd, host-only (no GPU
 // needed): attach maps the banks, RAII leases and reservations, deferred
 // commits, and a reference-backend round trip through the shared banks.
-#include "kvtier/client.h"
+#include "client/client.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -16,7 +16,7 @@
 #include "kvtier/v1/tier.grpc.pb.h"
 #include "tests/daemon_process.h"
 
-namespace kvtier {
+namespace kvtier::client {
 namespace {
 
 AttachOptions Options(const std::string& name, uint64_t rows = 64) {
@@ -150,10 +150,10 @@ TEST_F(ClientTest, ReferenceTransferRoundTripsThroughBanks) {
                {"scale", {{reinterpret_cast<uint64_t>(ss), 112, 100}}}};
     return d;
   };
-  auto src = (*ns)->CreateTransferEngine(client::Backend::kReference,
+  auto src = (*ns)->CreateTransferEngine(Backend::kReference,
                                          pool(k.get(), v.get(), s.get()));
   ASSERT_TRUE(src.ok()) << src.status();
-  auto dst = (*ns)->CreateTransferEngine(client::Backend::kReference,
+  auto dst = (*ns)->CreateTransferEngine(Backend::kReference,
                                          pool(k2.get(), v2.get(), s2.get()));
   ASSERT_TRUE(dst.ok()) << dst.status();
 
@@ -288,4 +288,4 @@ TEST_F(ClientTest, DroppedNamespaceIsAMissOnBothPaths) {
 }
 
 }  // namespace
-}  // namespace kvtier
+}  // namespace kvtier::client

@@ -1,4 +1,4 @@
-// Lease and Reservation (kvtier/client.h): the RAII handles of a pin and of
+// Lease and Reservation (client/client.h): the RAII handles of a pin and of
 // rows reserved for writing, and the session-end watch mirrors use.
 //
 // Thread-safety: a handle is used by one thread at a time; what it shares
@@ -7,13 +7,12 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "client/client.h"
 #include "client/cuda_host.h"
 #include "client/namespace_state.h"
-#include "kvtier/client.h"
-#include "kvtier/reference_stream.h"
+#include "client/reference_stream.h"
 
-namespace kvtier {
-namespace client {
+namespace kvtier::client {
 
 uint64_t WatchSessionEnd(const Reservation& r, std::function<void()> on_end) {
   if (r.ns_ == nullptr) {
@@ -39,10 +38,6 @@ void UnwatchSessionEnd(const Reservation& r, uint64_t token) {
   absl::MutexLock lock(&c.watch_mu);
   c.watches.erase(token);
 }
-
-}  // namespace client
-
-using client::NamespaceState;
 
 Lease::Lease(Lease&& o) noexcept { *this = std::move(o); }
 
@@ -126,7 +121,7 @@ void Reservation::Drop() {
   // Dropped without Commit or Abort: where copies into the rows may still be
   // queued (a GPU, a ReferenceStream), they stay fenced until the process
   // exits rather than go to another engine under the copies.
-  if (client::CudaDevicePresent() || ReferenceStream::live_count() > 0) {
+  if (CudaDevicePresent() || ReferenceStream::live_count() > 0) {
     ns_->ReservationAbandoned(epoch_, std::exchange(id_, 0),
                               std::exchange(track_, 0));
     return;
@@ -213,4 +208,4 @@ void Reservation::AbortAfter(void* stream) {
   });
 }
 
-}  // namespace kvtier
+}  // namespace kvtier::client

@@ -1,4 +1,4 @@
-// Namespace (kvtier/client.h): lookups (fast path first, then gRPC),
+// Namespace (client/client.h): lookups (fast path first, then gRPC),
 // reservations, mirror adoption and transfer engines over the mapped banks.
 // During an outage a lookup is a miss and a reservation UNAVAILABLE
 // (client/outage.h).
@@ -8,15 +8,13 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "client/client.h"
 #include "client/namespace_state.h"
 #include "client/outage.h"
 #include "client/transfer_engine.h"
 #include "common/grpc_status.h"
-#include "kvtier/client.h"
 
-namespace kvtier {
-
-using client::NamespaceState;
+namespace kvtier::client {
 
 Namespace::Namespace(std::shared_ptr<NamespaceState> state)
     : state_(std::move(state)) {}
@@ -70,7 +68,7 @@ absl::StatusOr<Lease> Namespace::LookupWithDevice(std::string_view hashes,
   if (absl::Status s = FromGrpcStatus(
           state_->conn->stub->Lookup(&ctx, req, &resp), "Lookup");
       !s.ok()) {
-    if (client::OutageLike(s) || !state_->Current(epoch)) return miss;
+    if (OutageLike(s) || !state_->Current(epoch)) return miss;
     return s;
   }
   if (!state_->Current(epoch)) return miss;
@@ -105,7 +103,7 @@ absl::StatusOr<Lease> Namespace::Lookup(std::string_view hashes, bool pin) {
                                   &reply, &lease.rows_)) {
       if (!state_->Current(epoch)) return miss;
       if (!status.ok()) {
-        if (client::OutageLike(status)) return miss;
+        if (OutageLike(status)) return miss;
         return status;
       }
       lease.ns_ = state_;
@@ -127,7 +125,7 @@ absl::StatusOr<Lease> Namespace::Lookup(std::string_view hashes, bool pin) {
   if (absl::Status s = FromGrpcStatus(
           state_->conn->stub->Lookup(&ctx, req, &resp), "Lookup");
       !s.ok()) {
-    if (client::OutageLike(s) || !state_->Current(epoch)) return miss;
+    if (OutageLike(s) || !state_->Current(epoch)) return miss;
     return s;
   }
   if (!state_->Current(epoch)) return miss;
@@ -166,13 +164,13 @@ absl::StatusOr<Reservation> Namespace::Reserve(uint32_t pages,
   if (absl::Status s = FromGrpcStatus(
           state_->conn->stub->Reserve(&ctx, req, &resp), "Reserve");
       !s.ok()) {
-    if (client::OutageLike(s) || !state_->Current(epoch)) {
-      return client::Unreachable("Reserve");
+    if (OutageLike(s) || !state_->Current(epoch)) {
+      return Unreachable("Reserve");
     }
     return s;
   }
   // Rows of a session that ended during the call are void.
-  if (!state_->Current(epoch)) return client::Unreachable("Reserve");
+  if (!state_->Current(epoch)) return Unreachable("Reserve");
   Reservation r;
   r.ns_ = state_;
   r.id_ = resp.reservation_id();
@@ -212,8 +210,8 @@ absl::StatusOr<CommitResult> Namespace::AdoptMirror(
   if (absl::Status s = FromGrpcStatus(
           state_->conn->stub->Commit(&ctx, req, &resp), "AdoptMirror");
       !s.ok()) {
-    if (client::OutageLike(s) || !state_->Current(epoch)) {
-      return client::Unreachable("AdoptMirror");
+    if (OutageLike(s) || !state_->Current(epoch)) {
+      return Unreachable("AdoptMirror");
     }
     return s;
   }
@@ -223,31 +221,27 @@ absl::StatusOr<CommitResult> Namespace::AdoptMirror(
   return r;
 }
 
-absl::StatusOr<std::unique_ptr<client::TransferEngine>>
-Namespace::CreateTransferEngine(client::Backend backend,
-                                const GpuPoolDescriptor& pool,
-                                uint32_t max_ctas) const {
-  std::vector<std::pair<std::string, client::HostBankView>> banks;
+absl::StatusOr<std::unique_ptr<TransferEngine>> Namespace::CreateTransferEngine(
+    Backend backend, const GpuPoolDescriptor& pool, uint32_t max_ctas) const {
+  std::vector<std::pair<std::string, HostBankView>> banks;
   for (const auto& b : state_->banks->page_banks()) {
-    banks.emplace_back(
-        b.name, client::HostBankView{reinterpret_cast<uint64_t>(b.base), b.rows,
-                                     b.row_bytes, b.row_stride});
+    banks.emplace_back(b.name, HostBankView{reinterpret_cast<uint64_t>(b.base),
+                                            b.rows, b.row_bytes, b.row_stride});
   }
-  std::optional<client::HostBankView> snap;
+  std::optional<HostBankView> snap;
   if (const BankMapping* sb = state_->banks->snapshot_bank()) {
     const auto& b = *sb;
-    snap = client::HostBankView{reinterpret_cast<uint64_t>(b.base), b.rows,
-                                b.row_bytes, b.row_stride};
+    snap = HostBankView{reinterpret_cast<uint64_t>(b.base), b.rows, b.row_bytes,
+                        b.row_stride};
   }
-  if (backend == client::Backend::kCuda && !state_->banks->cuda_registered()) {
+  if (backend == Backend::kCuda && !state_->banks->cuda_registered()) {
     return absl::FailedPreconditionError(
         "the namespace's banks are not registered with CUDA (no device at "
         "attach, or register_with_cuda was false)");
   }
-  client::TransferOptions options;
+  TransferOptions options;
   if (max_ctas != 0) options.max_ctas = max_ctas;
-  return client::TransferEngine::Create(backend, pool, std::move(banks), snap,
-                                        options);
+  return TransferEngine::Create(backend, pool, std::move(banks), snap, options);
 }
 
-}  // namespace kvtier
+}  // namespace kvtier::client

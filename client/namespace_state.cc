@@ -8,8 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "client/cuda_host.h"
 #include "client/outage.h"
+#include "client/reference_stream.h"
 #include "common/grpc_status.h"
-#include "kvtier/reference_stream.h"
 
 namespace kvtier::client {
 

@@ -34,9 +34,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "client/bank_mapping.h"
+#include "client/block_hash.h"
+#include "client/client.h"
 #include "client/connection.h"
-#include "kvtier/block_hash.h"
-#include "kvtier/client.h"
 #include "kvtier/v1/tier.pb.h"
 
 namespace kvtier::client {

@@ -32,9 +32,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/client.h"
 #include "daemon/prefix_index.h"
 #include "daemon/tier_core.h"
-#include "kvtier/client.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 #include "tests/daemon_process.h"
@@ -50,6 +50,9 @@ namespace kvtier::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using client::AttachOptions;
+using client::Client;
+using client::Namespace;
 
 struct Percentiles {
   double p50_us = 0, p99_us = 0, mean_us = 0;

@@ -44,9 +44,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "client/pool.h"
 #include "client/transfer_engine.h"
 #include "client/transfer_plan.h"
-#include "kvtier/pool.h"
 
 // Defined in transfer_bench.cc; read outside Setup.
 ABSL_DECLARE_FLAG(std::string, kvtier_variants);
@@ -68,6 +68,9 @@ namespace kvtier::bench {
 using client::HostBankView;
 using client::NamedHostBank;
 using client::TransferEngine;
+using client::BankPool;
+using client::GpuPoolDescriptor;
+using client::PoolTensor;
 using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kKiB = 1024;

@@ -16,7 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "bench/transfer_bench.h"
-#include "kvtier/pool.h"
+#include "client/pool.h"
 
 namespace kvtier::bench {
 

@@ -1,11 +1,11 @@
 // Block hash chains over token pages: SHA-256 through OpenSSL's EVP
 // interface, XXH3-128 through libxxhash's streaming interface. The byte
-// format is documented in kvtier/block_hash.h.
+// format is documented in client/block_hash.h.
 //
-// Thread-safety: see kvtier/block_hash.h. Each call uses its own digest
+// Thread-safety: see client/block_hash.h. Each call uses its own digest
 // context.
 
-#include "kvtier/block_hash.h"
+#include "client/block_hash.h"
 
 #include <openssl/evp.h>
 #include <xxhash.h>
@@ -24,7 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 
-namespace kvtier {
+namespace kvtier::client {
 namespace {
 
 // libcrypto fails here only when it cannot allocate: there is no sensible
@@ -158,4 +158,4 @@ std::string BlockHasher::Chain(std::string_view parent,
   return out;
 }
 
-}  // namespace kvtier
+}  // namespace kvtier::client

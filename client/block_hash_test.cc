@@ -3,7 +3,7 @@
 // documented byte format, chain continuation, partial pages, and identical
 // results in a forked child process.
 
-#include "kvtier/block_hash.h"
+#include "client/block_hash.h"
 
 #include <openssl/sha.h>
 #include <sys/wait.h>
@@ -18,7 +18,7 @@
 #include "absl/strings/escaping.h"
 #include "gtest/gtest.h"
 
-namespace kvtier {
+namespace kvtier::client {
 namespace {
 
 std::string Seed(unsigned char first, size_t n) {
@@ -218,4 +218,4 @@ TEST(BlockHasher, RejectsBadArguments) {
 }
 
 }  // namespace
-}  // namespace kvtier
+}  // namespace kvtier::client

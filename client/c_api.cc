@@ -11,8 +11,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/c_api_internal.h"
+#include "client/client.h"
 #include "client/transfer_engine.h"
-#include "kvtier/client.h"
 #include "kvtier/kvtier.h"
 
 namespace kvtier::capi {
@@ -28,11 +28,12 @@ kvt_status Set(const absl::Status& s) {
     last_error.clear();
     return KVT_OK;
   }
-  last_error = s.ToString();
+  // Code and message; payloads (an ErrorReason) are for the C++ layer.
+  last_error = s.ToString(absl::StatusToStringMode::kWithNoExtraData);
   return static_cast<kvt_status>(s.code());
 }
 
-void Fill(kvt_commit_result* out, const kvtier::CommitResult& r) {
+void Fill(kvt_commit_result* out, const kvtier::client::CommitResult& r) {
   if (out == nullptr) return;
   out->committed_pages = r.committed_pages;
   out->deduplicated_pages = r.deduplicated_pages;
@@ -40,10 +41,10 @@ void Fill(kvt_commit_result* out, const kvtier::CommitResult& r) {
   out->deduplicated_snapshots = r.deduplicated_snapshots;
 }
 
-absl::StatusOr<std::vector<kvtier::SnapshotPlacement>> Placements(
+absl::StatusOr<std::vector<kvtier::client::SnapshotPlacement>> Placements(
     const kvt_snapshot_placement* snaps, size_t n, uint32_t hash_bytes,
     absl::string_view what) {
-  std::vector<kvtier::SnapshotPlacement> out;
+  std::vector<kvtier::client::SnapshotPlacement> out;
   if (n > 0 && snaps == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": NULL with num_", what, " > 0"));
@@ -60,7 +61,8 @@ absl::StatusOr<std::vector<kvtier::SnapshotPlacement>> Placements(
   return out;
 }
 
-absl::StatusOr<kvtier::GpuPoolDescriptor> Descriptor(const kvt_pool* pool) {
+absl::StatusOr<kvtier::client::GpuPoolDescriptor> Descriptor(
+    const kvt_pool* pool) {
   if (pool->num_banks > 0 && pool->banks == nullptr) {
     return absl::InvalidArgumentError("pool.banks: NULL with num_banks > 0");
   }
@@ -68,7 +70,7 @@ absl::StatusOr<kvtier::GpuPoolDescriptor> Descriptor(const kvt_pool* pool) {
     return absl::InvalidArgumentError(
         "pool.snapshot: NULL with num_snapshot_tensors > 0");
   }
-  kvtier::GpuPoolDescriptor d;
+  kvtier::client::GpuPoolDescriptor d;
   d.device = pool->device;
   d.num_pages = pool->num_pages;
   for (uint32_t i = 0; i < pool->num_banks; ++i) {
@@ -81,7 +83,7 @@ absl::StatusOr<kvtier::GpuPoolDescriptor> Descriptor(const kvt_pool* pool) {
       return absl::InvalidArgumentError(
           absl::StrCat("pool.banks[", i, "].tensors: NULL"));
     }
-    kvtier::BankPool bp;
+    kvtier::client::BankPool bp;
     bp.bank = b.bank;
     for (uint32_t t = 0; t < b.num_tensors; ++t) {
       bp.tensors.push_back({b.tensors[t].base, b.tensors[t].page_stride,
@@ -107,7 +109,7 @@ using kvtier::capi::Invalid;
 using kvtier::capi::Placements;
 using kvtier::capi::Set;
 
-void Fill(kvt_bank_info* out, const kvtier::BankMapping& b) {
+void Fill(kvt_bank_info* out, const kvtier::client::BankMapping& b) {
   out->name = b.name.c_str();
   out->base = b.base;
   out->rows = b.rows;
@@ -138,7 +140,7 @@ kvt_status kvt_connect_instance(const char* socket, const char* client_name,
   KVT_REQUIRE(
       instance_len == 0 || (instance_id != nullptr && instance_len == 16),
       "instance_id: must be 16 bytes (or instance_len 0)");
-  kvtier::ConnectOptions o;
+  kvtier::client::ConnectOptions o;
   if (instance_len > 0) {
     o.instance_id.assign(reinterpret_cast<const char*>(instance_id),
                          instance_len);
@@ -146,7 +148,7 @@ kvt_status kvt_connect_instance(const char* socket, const char* client_name,
   if (socket != nullptr) o.socket = socket;
   if (client_name != nullptr) o.client_name = client_name;
   o.timeout = absl::Milliseconds(timeout_ms == 0 ? 5000 : timeout_ms);
-  auto c = kvtier::Client::Connect(o);
+  auto c = kvtier::client::Client::Connect(o);
   if (!c.ok()) return Set(c.status());
   *out = new kvt_client{*std::move(c)};
   return Set(absl::OkStatus());
@@ -180,7 +182,7 @@ kvt_status kvt_attach(kvt_client* client, const kvt_attach_options* options,
   const kvt_layout& l = *options->layout;
   KVT_REQUIRE(l.num_page_banks == 0 || l.page_banks != nullptr,
               "options.layout.page_banks: NULL with num_page_banks > 0");
-  kvtier::AttachOptions o;
+  kvtier::client::AttachOptions o;
   o.name = options->name;
   o.layout.model = l.model == nullptr ? "" : l.model;
   o.layout.tokens_per_page = l.tokens_per_page;
@@ -201,8 +203,8 @@ kvt_status kvt_attach(kvt_client* client, const kvt_attach_options* options,
                   l.hash_kind == KVT_HASH_XXH3_128,
               "options.layout.hash_kind: unknown value");
   o.layout.hash_kind = l.hash_kind == KVT_HASH_XXH3_128
-                           ? kvtier::HashKind::kXxh3_128
-                           : kvtier::HashKind::kSha256;
+                           ? kvtier::client::HashKind::kXxh3_128
+                           : kvtier::client::HashKind::kSha256;
   o.tp_rank = options->tp_rank;
   o.capacity.page_rows = options->page_rows;
   o.capacity.snapshot_rows = options->snapshot_rows;
@@ -248,7 +250,7 @@ kvt_status kvt_page_bank(const kvt_namespace* ns, uint32_t index,
 kvt_status kvt_snapshot_bank(const kvt_namespace* ns, kvt_bank_info* out) {
   KVT_REQUIRE(ns != nullptr, "ns: NULL");
   KVT_REQUIRE(out != nullptr, "out: NULL");
-  const kvtier::BankMapping* b = ns->ns->snapshot_bank();
+  const kvtier::client::BankMapping* b = ns->ns->snapshot_bank();
   if (b == nullptr) {
     return Set(absl::NotFoundError("the namespace has no snapshot bank"));
   }
@@ -264,7 +266,7 @@ kvt_status kvt_hash_tokens(const kvt_namespace* ns, const int32_t* tokens,
   KVT_REQUIRE(ns != nullptr, "ns: NULL");
   KVT_REQUIRE(tokens != nullptr || num_tokens == 0, "tokens: NULL");
   KVT_REQUIRE(num_hashes != nullptr, "num_hashes: NULL");
-  const kvtier::BlockHasher& h = ns->ns->hasher();
+  const kvtier::client::BlockHasher& h = ns->ns->hasher();
   absl::Span<const int32_t> span(tokens, num_tokens);
   std::string hashes;
   if (parent != nullptr) {
@@ -395,7 +397,7 @@ kvt_status kvt_pending_wait(kvt_pending_commit* p, uint32_t timeout_ms,
                              timeout_ms)) != std::future_status::ready) {
     return Set(absl::DeadlineExceededError("commit still pending"));
   }
-  absl::StatusOr<kvtier::CommitResult> r = p->future.get();
+  absl::StatusOr<kvtier::client::CommitResult> r = p->future.get();
   delete p;
   if (!r.ok()) return Set(r.status());
   Fill(result, *r);
@@ -408,6 +410,10 @@ kvt_status kvt_abort(kvt_reservation* r) {
   delete r;
   return Set(s);
 }
+
+void kvt_reservation_free(kvt_reservation* r) { delete r; }
+
+void kvt_pending_free(kvt_pending_commit* p) { delete p; }
 
 kvt_status kvt_abort_after(kvt_reservation* r, void* stream) {
   KVT_REQUIRE(r != nullptr, "reservation: NULL");

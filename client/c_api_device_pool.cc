@@ -13,12 +13,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/c_api_internal.h"
-#include "kvtier/client.h"
-#include "kvtier/device_pool_client.h"
+#include "client/client.h"
+#include "client/device_pool_client.h"
 #include "kvtier/kvtier.h"
 
 struct kvt_device_pool_handle {
-  std::unique_ptr<kvtier::DevicePoolHandle> pool;
+  std::unique_ptr<kvtier::client::DevicePoolHandle> pool;
 };
 
 namespace {
@@ -28,7 +28,7 @@ using kvtier::capi::Fill;
 using kvtier::capi::Placements;
 using kvtier::capi::Set;
 
-void Fill(kvt_device_pool_info* out, const kvtier::DevicePoolInfo& p) {
+void Fill(kvt_device_pool_info* out, const kvtier::client::DevicePoolInfo& p) {
   out->device_ordinal = p.device_ordinal;
   out->pci_bus_id = p.pci_bus_id.c_str();
   out->ipc_handle = reinterpret_cast<const uint8_t*>(p.ipc_handle.data());
@@ -71,7 +71,7 @@ kvt_status kvt_device_pool_open(const kvt_namespace* ns, uint32_t index,
                                 kvt_device_pool_handle** out) {
   KVT_REQUIRE(ns != nullptr, "ns: NULL");
   KVT_REQUIRE(out != nullptr, "out: NULL");
-  auto pool = kvtier::DevicePoolHandle::Open(*ns->ns, index);
+  auto pool = kvtier::client::DevicePoolHandle::Open(*ns->ns, index);
   if (!pool.ok()) return Set(pool.status());
   *out = new kvt_device_pool_handle{*std::move(pool)};
   return Set(absl::OkStatus());

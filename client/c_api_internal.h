@@ -18,25 +18,25 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "client/client.h"
+#include "client/pool.h"
 #include "client/transfer_engine.h"
-#include "kvtier/client.h"
 #include "kvtier/kvtier.h"
-#include "kvtier/pool.h"
 
 struct kvt_client {
-  std::unique_ptr<kvtier::Client> client;
+  std::unique_ptr<kvtier::client::Client> client;
 };
 struct kvt_namespace {
-  std::unique_ptr<kvtier::Namespace> ns;
+  std::unique_ptr<kvtier::client::Namespace> ns;
 };
 struct kvt_lease {
-  kvtier::Lease lease;
+  kvtier::client::Lease lease;
 };
 struct kvt_reservation {
-  kvtier::Reservation reservation;
+  kvtier::client::Reservation reservation;
 };
 struct kvt_pending_commit {
-  std::future<absl::StatusOr<kvtier::CommitResult>> future;
+  std::future<absl::StatusOr<kvtier::client::CommitResult>> future;
 };
 struct kvt_transfer {
   std::unique_ptr<kvtier::client::TransferEngine> engine;
@@ -55,17 +55,18 @@ inline kvt_status Invalid(absl::string_view what) {
 }
 
 // Copies a commit result out (out may be NULL).
-void Fill(kvt_commit_result* out, const kvtier::CommitResult& r);
+void Fill(kvt_commit_result* out, const kvtier::client::CommitResult& r);
 
 // The C++ placements of `n` C placements of hashes `hash_bytes` long;
 // INVALID_ARGUMENT naming `what`[i] for a NULL hash.
-absl::StatusOr<std::vector<kvtier::SnapshotPlacement>> Placements(
+absl::StatusOr<std::vector<kvtier::client::SnapshotPlacement>> Placements(
     const kvt_snapshot_placement* snaps, size_t n, uint32_t hash_bytes,
     absl::string_view what = "snaps");
 
 // The C++ pool descriptor of `pool`; INVALID_ARGUMENT naming the field for
 // NULL arrays. REQUIRES: pool != NULL.
-absl::StatusOr<kvtier::GpuPoolDescriptor> Descriptor(const kvt_pool* pool);
+absl::StatusOr<kvtier::client::GpuPoolDescriptor> Descriptor(
+    const kvt_pool* pool);
 
 inline std::string_view Bytes(const uint8_t* p, size_t n) {
   return p == nullptr ? std::string_view()

@@ -1,6 +1,6 @@
 // The C ABI of the sparse-attention write-through mirror (kvtier/mirror.h)
 // and of mirror adoption (Namespace::AdoptMirror, Mirror::Adopt). A
-// kvt_mirror owns one kvtier::Mirror: its reservation, device state and
+// kvt_mirror owns one kvtier::client::Mirror: its reservation, device state and
 // revocation when the session ends are the C++ class's. Argument checks,
 // status codes and the last error as in c_api.cc.
 //
@@ -15,20 +15,21 @@
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "client/c_api_internal.h"
-#include "kvtier/client.h"
+#include "client/client.h"
+#include "client/mirror.h"
 #include "kvtier/kvtier.h"
-#include "kvtier/mirror.h"
 
-static_assert(sizeof(kvt_mirror_entry) == sizeof(kvtier::MirrorStoreEntry));
+static_assert(sizeof(kvt_mirror_entry) ==
+              sizeof(kvtier::client::MirrorStoreEntry));
 static_assert(offsetof(kvt_mirror_entry, logical) ==
-              offsetof(kvtier::MirrorStoreEntry, logical));
+              offsetof(kvtier::client::MirrorStoreEntry, logical));
 static_assert(offsetof(kvt_mirror_entry, slot) ==
-              offsetof(kvtier::MirrorStoreEntry, slot));
+              offsetof(kvtier::client::MirrorStoreEntry, slot));
 static_assert(offsetof(kvt_mirror_entry, token) ==
-              offsetof(kvtier::MirrorStoreEntry, token));
+              offsetof(kvtier::client::MirrorStoreEntry, token));
 
 struct kvt_mirror {
-  std::unique_ptr<kvtier::Mirror> mirror;
+  std::unique_ptr<kvtier::client::Mirror> mirror;
 };
 
 namespace {
@@ -38,8 +39,9 @@ using kvtier::capi::Fill;
 using kvtier::capi::Set;
 
 // What the C++ MirrorOptions defaults to where the C options say 0.
-constexpr uint32_t kDefaultCopyCtas = kvtier::MirrorOptions{}.copy_ctas;
-constexpr uint32_t kDefaultStoreCtas = kvtier::MirrorOptions{}.store_ctas;
+constexpr uint32_t kDefaultCopyCtas = kvtier::client::MirrorOptions{}.copy_ctas;
+constexpr uint32_t kDefaultStoreCtas =
+    kvtier::client::MirrorOptions{}.store_ctas;
 
 }  // namespace
 
@@ -58,7 +60,7 @@ kvt_status kvt_mirror_create(kvt_namespace* ns, const kvt_pool* pool,
               "options.backend: unknown value");
   auto d = kvtier::capi::Descriptor(pool);
   if (!d.ok()) return Set(d.status());
-  const kvtier::MirrorOptions o{
+  const kvtier::client::MirrorOptions o{
       .logical_pages = options->logical_pages,
       .gpu_slots = options->gpu_slots,
       .max_batch = options->max_batch,
@@ -69,7 +71,7 @@ kvt_status kvt_mirror_create(kvt_namespace* ns, const kvt_pool* pool,
       .store_ctas =
           options->store_ctas == 0 ? kDefaultStoreCtas : options->store_ctas,
       .reference = options->backend == KVT_BACKEND_REFERENCE};
-  auto m = kvtier::Mirror::Create(*ns->ns, *d, o, stream);
+  auto m = kvtier::client::Mirror::Create(*ns->ns, *d, o, stream);
   if (!m.ok()) return Set(m.status());
   *out = new kvt_mirror{*std::move(m)};
   return Set(absl::OkStatus());
@@ -95,7 +97,7 @@ kvt_status kvt_mirror_store(kvt_mirror* m, const kvt_mirror_entry* entries,
   KVT_REQUIRE(entries != nullptr, "entries: NULL");
   KVT_REQUIRE(count != nullptr, "count: NULL");
   return Set(m->mirror->Store(
-      reinterpret_cast<const kvtier::MirrorStoreEntry*>(entries), count,
+      reinterpret_cast<const kvtier::client::MirrorStoreEntry*>(entries), count,
       stream));
 }
 

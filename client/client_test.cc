@@ -1,18 +1,22 @@
 // Tests of libkvtier's C++ API against a real kvtierd, host-only (no GPU
 // needed): attach maps the banks, RAII leases and reservations, deferred
 // commits, and a reference-backend round trip through the shared banks.
-#include "kvtier/client.h"
+#include "client/client.h"
 
 #include <cstdlib>
 #include <cstring>
 #include <random>
 
 #include "client/transfer_engine.h"
+#include "common/error_reason.h"
+#include "common/grpc_status.h"
 #include "gmock/gmock.h"
+#include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
+#include "kvtier/v1/tier.grpc.pb.h"
 #include "tests/daemon_process.h"
 
-namespace kvtier {
+namespace kvtier::client {
 namespace {
 
 AttachOptions Options(const std::string& name, uint64_t rows = 64) {
@@ -146,10 +150,10 @@ TEST_F(ClientTest, ReferenceTransferRoundTripsThroughBanks) {
                {"scale", {{reinterpret_cast<uint64_t>(ss), 112, 100}}}};
     return d;
   };
-  auto src = (*ns)->CreateTransferEngine(client::Backend::kReference,
+  auto src = (*ns)->CreateTransferEngine(Backend::kReference,
                                          pool(k.get(), v.get(), s.get()));
   ASSERT_TRUE(src.ok()) << src.status();
-  auto dst = (*ns)->CreateTransferEngine(client::Backend::kReference,
+  auto dst = (*ns)->CreateTransferEngine(Backend::kReference,
                                          pool(k2.get(), v2.get(), s2.get()));
   ASSERT_TRUE(dst.ok()) << dst.status();
 
@@ -235,8 +239,53 @@ TEST_F(ClientTest, DaemonDeathIsAMissNotACrash) {
   ASSERT_TRUE(lease.ok()) << lease.status();
   EXPECT_EQ(lease->matched_pages(), 0u);
   EXPECT_FALSE(lease->pinned());
-  EXPECT_EQ((*ns)->Reserve(1).status().code(), absl::StatusCode::kUnavailable);
+  const absl::Status refused = (*ns)->Reserve(1).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable);
+  // The client says why in a payload, not only in words.
+  EXPECT_EQ(GetErrorReason(refused), ErrorReason::kDaemonUnreachable);
+}
+
+// The daemon marks "no such session" with a reason that crosses gRPC.
+TEST_F(ClientTest, DaemonMarksAnUnknownSession) {
+  auto channel = grpc::CreateChannel("unix:" + daemon_.socket(),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::TierService::NewStub(channel);
+  v1::LookupRequest req;
+  req.set_api_version(1);
+  req.set_session_id(client_->session_id() + 1);
+  req.set_namespace_id(1);
+  v1::LookupResponse resp;
+  grpc::ClientContext ctx;
+  const absl::Status s = FromGrpcStatus(stub->Lookup(&ctx, req, &resp));
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(GetErrorReason(s), ErrorReason::kSessionUnknown);
+}
+
+// A namespace dropped under an attached engine is an outage for it, told by
+// the daemon's reason (over the fast path and over gRPC alike): lookups
+// miss, reservations are UNAVAILABLE.
+TEST_F(ClientTest, DroppedNamespaceIsAMissOnBothPaths) {
+  auto fast_ns = client_->Attach(Options("dropped"));
+  ASSERT_TRUE(fast_ns.ok()) << fast_ns.status();
+  auto slow =
+      Client::Connect({.socket = daemon_.socket(), .fast_lookup = false});
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  auto slow_ns = (*slow)->Attach(Options("dropped"));
+  ASSERT_TRUE(slow_ns.ok()) << slow_ns.status();
+  ASSERT_TRUE(client_->fast_lookup_active());
+  ASSERT_FALSE((*slow)->fast_lookup_active());
+  auto dropped = client_->Drop("dropped", {}, /*force=*/true);
+  ASSERT_TRUE(dropped.ok()) << dropped.status();
+  const std::string hashes = (*fast_ns)->hasher().HashChain(Tokens(32, 9));
+  for (Namespace* ns : {fast_ns->get(), slow_ns->get()}) {
+    auto lease = ns->Lookup(hashes);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    EXPECT_EQ(lease->matched_pages(), 0u);
+    EXPECT_FALSE(lease->pinned());
+    EXPECT_EQ(ns->Reserve(1).status().code(), absl::StatusCode::kUnavailable);
+  }
+  EXPECT_TRUE(client_->fast_lookup_active());  // An answer, not a failure.
 }
 
 }  // namespace
-}  // namespace kvtier
+}  // namespace kvtier::client

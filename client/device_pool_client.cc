@@ -1,6 +1,6 @@
-// DevicePoolHandle (see kvtier/device_pool_client.h). Built against the CUDA
+// DevicePoolHandle (see client/device_pool_client.h). Built against the CUDA
 // runtime when KVTIER_HAVE_CUDA; without it Open reports "no device".
-#include "kvtier/device_pool_client.h"
+#include "client/device_pool_client.h"
 
 #include <cstring>
 #include <string>
@@ -13,7 +13,7 @@
 #include <cuda_runtime_api.h>
 #endif
 
-namespace kvtier {
+namespace kvtier::client {
 
 absl::StatusOr<std::unique_ptr<DevicePoolHandle>> DevicePoolHandle::Open(
     const Namespace& ns, uint32_t index) {
@@ -162,4 +162,4 @@ absl::Status DevicePoolHandle::RestoreSnapshot(const Lease& lease, void* dst,
                    bytes, stream, "RestoreSnapshot (host)");
 }
 
-}  // namespace kvtier
+}  // namespace kvtier::client

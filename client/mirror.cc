@@ -1,11 +1,12 @@
-// kvtier::Mirror: the client side of the sparse-attention offload. Turns the
-// engine's pool descriptor and the namespace's banks into the mirror store's
-// and the ensure copy's segment tables once, owns the mirror reservation and
-// the ensure state, and enqueues the kernels (kernels/sparse_offload*.h).
+// kvtier::client::Mirror: the client side of the sparse-attention offload.
+// Turns the engine's pool descriptor and the namespace's banks into the mirror
+// store's and the ensure copy's segment tables once, owns the mirror
+// reservation and the ensure state, and enqueues the kernels
+// (kernels/sparse_offload*.h).
 //
 // Thread-safety: one thread and one stream at a time (see mirror.h).
 
-#include "kvtier/mirror.h"
+#include "client/mirror.h"
 
 #include <cstdint>
 #include <memory>
@@ -16,9 +17,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "client/client.h"
+#include "client/reference_stream.h"
 #include "kernels/sparse_offload.h"
-#include "kvtier/client.h"
-#include "kvtier/reference_stream.h"
 
 #if KVTIER_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -26,7 +27,7 @@
 #include "kernels/sparse_offload_launch.h"
 #endif
 
-namespace kvtier {
+namespace kvtier::client {
 
 static_assert(sizeof(MirrorStoreEntry) == sizeof(kernels::MirrorEntry));
 
@@ -45,7 +46,7 @@ struct Mirror::Impl {
   // memory; the kernel reads it through revoked_device).
   volatile uint32_t* revoked = nullptr;
   const uint32_t* revoked_device = nullptr;
-  uint64_t watch = 0;  // client::WatchSessionEnd token.
+  uint64_t watch = 0;  // WatchSessionEnd token.
   // The reference backend's host memory (MirrorOptions::reference).
   bool reference = false;
   std::vector<uint32_t> h_rows;
@@ -76,7 +77,7 @@ struct Mirror::Impl {
     // Mirrors stop storing into rows of a session that ended (the daemon
     // fences them until this process reports or exits).
     volatile uint32_t* flag = revoked;
-    watch = client::WatchSessionEnd(reservation, [flag] { *flag = 1; });
+    watch = WatchSessionEnd(reservation, [flag] { *flag = 1; });
   }
 #if KVTIER_HAVE_CUDA
   int device = 0;
@@ -277,7 +278,7 @@ absl::StatusOr<std::unique_ptr<Mirror>> Mirror::CreateReference(
 
 Mirror::~Mirror() {
   if (impl_ == nullptr) return;
-  client::UnwatchSessionEnd(impl_->reservation, impl_->watch);
+  UnwatchSessionEnd(impl_->reservation, impl_->watch);
   // No launch that uses the mirror is pending (the contract): the rows go
   // back at once, or their fence hold after a restart is released.
   (void)impl_->reservation.Abort();
@@ -387,4 +388,4 @@ absl::StatusOr<CommitResult> Mirror::Adopt(
                                 hashes);
 }
 
-}  // namespace kvtier
+}  // namespace kvtier::client

@@ -1,5 +1,5 @@
 // ReferenceStream: an in-order host work queue with a hold.
-#include "kvtier/reference_stream.h"
+#include "client/reference_stream.h"
 
 #include <deque>
 #include <thread>
@@ -9,7 +9,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 
-namespace kvtier {
+namespace kvtier::client {
 namespace {
 
 // Live streams, so FromHandle can tell one from a CUDA stream pointer.
@@ -124,4 +124,4 @@ size_t ReferenceStream::pending() const {
   return static_cast<size_t>(state_->appended - state_->finished);
 }
 
-}  // namespace kvtier
+}  // namespace kvtier::client

@@ -1,6 +1,6 @@
-// Tests of kvtier::ReferenceStream: in-order execution, Hold/Resume,
+// Tests of kvtier::client::ReferenceStream: in-order execution, Hold/Resume,
 // Synchronize, FromHandle, and the reference backend's copies queued on it.
-#include "kvtier/reference_stream.h"
+#include "client/reference_stream.h"
 
 #include <atomic>
 #include <cstdint>
@@ -12,7 +12,7 @@
 #include "gtest/gtest.h"
 #include "kernels/spin_wait.h"
 
-namespace kvtier {
+namespace kvtier::client {
 namespace {
 
 TEST(ReferenceStreamTest, RunsInOrderAndSynchronizes) {
@@ -76,4 +76,4 @@ TEST(ReferenceStreamTest, DestructionResumesAndDrains) {
 }
 
 }  // namespace
-}  // namespace kvtier
+}  // namespace kvtier::client

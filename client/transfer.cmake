@@ -2,8 +2,8 @@
 # client/CMakeLists.txt). Paths are relative to this file so the include works
 # from any directory.
 #
-#   kvtier_block_hash  kvtier/block_hash.h: SHA-256 (libcrypto), XXH3-128
-#   kvtier_transfer    kvtier/pool.h, client/transfer_plan.h,
+#   kvtier_block_hash  client/block_hash.h: SHA-256 (libcrypto), XXH3-128
+#   kvtier_transfer    client/pool.h, client/transfer_plan.h,
 #                      client/transfer_engine.h: descriptor validation,
 #                      slicing, and the CUDA / reference backends
 #
@@ -13,7 +13,7 @@ set(_kvtier_client_dir ${CMAKE_CURRENT_LIST_DIR})
 
 add_library(kvtier_block_hash STATIC ${_kvtier_client_dir}/block_hash.cc)
 kvtier_target_options(kvtier_block_hash)
-target_include_directories(kvtier_block_hash PUBLIC ${_kvtier_client_dir}/include)
+target_include_directories(kvtier_block_hash PUBLIC ${_kvtier_client_dir}/..)
 target_link_libraries(kvtier_block_hash
   PUBLIC absl::status absl::statusor absl::span
   PRIVATE absl::strings OpenSSL::Crypto PkgConfig::XXHASH)
@@ -24,8 +24,7 @@ add_library(kvtier_transfer STATIC
   ${_kvtier_client_dir}/reference_stream.cc)
 kvtier_target_options(kvtier_transfer)
 target_include_directories(kvtier_transfer PUBLIC
-  ${_kvtier_client_dir}/include   # kvtier/pool.h
-  ${_kvtier_client_dir}/..)       # client/transfer_plan.h
+  ${_kvtier_client_dir}/..)       # client/pool.h, client/transfer_plan.h
 # kvtier_kernels carries KVTIER_HAVE_CUDA=0/1 and, with CUDA, the static
 # CUDA runtime.
 target_link_libraries(kvtier_transfer

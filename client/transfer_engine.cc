@@ -30,10 +30,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
+#include "client/pool.h"
+#include "client/reference_stream.h"
 #include "client/transfer_plan.h"
 #include "kernels/page_copy.h"
-#include "kvtier/pool.h"
-#include "kvtier/reference_stream.h"
 
 #if KVTIER_HAVE_CUDA
 #include <cuda_runtime_api.h>

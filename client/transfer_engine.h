@@ -36,8 +36,8 @@
 //   call and restores the caller's current device afterwards.
 // - kReference: the same plan executed with memcpy on the calling thread; the
 //   pool's "device addresses" are ordinary host pointers. CPU tests use it.
-//   With a kvtier::ReferenceStream's handle as the stream
-//   (kvtier/reference_stream.h) the copies are queued on that stream
+//   With a kvtier::client::ReferenceStream's handle as the stream
+//   (client/reference_stream.h) the copies are queued on that stream
 //   instead, in order, and can be held there.
 //
 // Errors: every argument is checked before the first launch or copy, so a
@@ -64,9 +64,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "client/pool.h"
 #include "client/transfer_plan.h"
 #include "kernels/page_copy.h"
-#include "kvtier/pool.h"
 
 namespace kvtier::client {
 

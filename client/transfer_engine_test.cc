@@ -22,10 +22,10 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "client/pool.h"
+#include "client/reference_stream.h"
 #include "gtest/gtest.h"
 #include "kernels/page_copy.h"
-#include "kvtier/pool.h"
-#include "kvtier/reference_stream.h"
 
 #if KVTIER_HAVE_CUDA
 #include <cuda_runtime_api.h>

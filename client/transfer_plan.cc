@@ -19,8 +19,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "client/pool.h"
 #include "kernels/page_copy.h"
-#include "kvtier/pool.h"
 
 namespace kvtier::client {
 namespace {

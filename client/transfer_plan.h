@@ -33,8 +33,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "client/pool.h"
 #include "kernels/page_copy.h"
-#include "kvtier/pool.h"
 
 namespace kvtier::client {
 

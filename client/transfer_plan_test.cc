@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "client/pool.h"
 #include "gtest/gtest.h"
 #include "kernels/page_copy.h"
-#include "kvtier/pool.h"
 
 namespace kvtier::client {
 namespace {

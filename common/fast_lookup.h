@@ -11,7 +11,8 @@
 //   daemon -> client  HelloReply{magic, code}       (code: absl status code)
 //   then any number of
 //   client -> daemon  Request{...} + hash_bytes bytes of packed hashes
-//   daemon -> client  Reply{...} + usable_pages * uint32 rows + message
+//   daemon -> client  Reply{...} + usable_pages * uint32 rows, or on error
+//                     the message (Reply::code and Reply::reason: the status)
 // The session id (an unguessable 64-bit capability from the gRPC Session
 // stream) authorises the connection; a connection is closed on any framing
 // error, and one that sends no Hello within the daemon's deadline (1 s by
@@ -73,7 +74,9 @@ struct Reply {
   uint32_t snapshot_row = 0;
   uint64_t lease_id = 0;
   uint32_t message_bytes = 0;
-  uint32_t reserved = 0;
+  // On error, the kvtier::ErrorReason of the status (common/error_reason.h);
+  // 0 (none) from daemons that predate it, which sent 0 here.
+  uint32_t reason = 0;
 };
 
 // Reads exactly n bytes; false on EOF or error.

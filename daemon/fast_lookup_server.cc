@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
 #include "daemon/metrics.h"
 #include "daemon/peer_credentials.h"
 #include "spdlog/spdlog.h"
@@ -469,6 +470,7 @@ void FastLookupServer::Serve(uint64_t id, int fd, uid_t uid,
       iov[n++] = {out.rows.data(), out.rows.size() * sizeof(uint32_t)};
     } else {
       reply.code = static_cast<int>(s.code());
+      reply.reason = static_cast<uint32_t>(GetErrorReason(s));
       message = std::string(s.message());
       reply.message_bytes = static_cast<uint32_t>(message.size());
       iov[n++] = {message.data(), message.size()};

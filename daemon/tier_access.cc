@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
 #include "daemon/tier_core.h"
 #include "daemon/tier_namespace.h"
 
@@ -24,8 +25,7 @@ absl::Status TierCore::CheckNamespaceRight(const Caller& caller,
     absl::ReaderMutexLock lock(&mu_);
     auto it = sessions_.find(caller.session_id);
     if (it == sessions_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("session_id: no open session ", caller.session_id));
+      return SessionUnknownError(caller.session_id);
     }
     peer = it->second.peer;
   }

@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
 #include "daemon/tier_core.h"
 #include "daemon/tier_namespace.h"
 #include "spdlog/spdlog.h"
@@ -357,8 +358,7 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
   absl::MutexLock lock(&mu_);
   auto session = sessions_.find(req.session_id());
   if (session == sessions_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("session_id: no open session ", req.session_id()));
+    return SessionUnknownError(req.session_id());
   }
   const uint32_t tp_size =
       req.layout().tp_size() == 0 ? 1 : req.layout().tp_size();
@@ -396,9 +396,9 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
         "session {} closed while namespace '{}' was being created; "
         "the namespace stays, not attached",
         SessionTag(req.session_id()), n.name);
-    return absl::NotFoundError(absl::StrCat(
-        "session_id: no open session ", req.session_id(),
-        " (it closed while namespace '", n.name, "' was being created)"));
+    return SessionUnknownError(
+        req.session_id(), absl::StrCat(" (it closed while namespace '", n.name,
+                                       "' was being created)"));
   }
   if (auto it = session->second.attached.find(n.id);
       it != session->second.attached.end() && it->second != req.tp_rank()) {

@@ -18,6 +18,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
 #include "daemon/tier_namespace.h"
 #include "spdlog/spdlog.h"
 
@@ -193,13 +194,13 @@ absl::StatusOr<std::shared_ptr<TierCore::Namespace>> TierCore::Resolve(
   absl::ReaderMutexLock lock(&mu_);
   auto session = sessions_.find(session_id);
   if (session == sessions_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("session_id: no open session ", session_id));
+    return SessionUnknownError(session_id);
   }
   auto ns = by_id_.find(namespace_id);
   if (ns == by_id_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("namespace_id: no namespace ", namespace_id));
+    return WithErrorReason(absl::NotFoundError(absl::StrCat(
+                               "namespace_id: no namespace ", namespace_id)),
+                           ErrorReason::kNamespaceUnknown);
   }
   auto att = session->second.attached.find(namespace_id);
   if (att == session->second.attached.end()) {
@@ -1096,8 +1097,7 @@ absl::Status TierCore::BindPeerCredentials(uint64_t session_id,
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("session_id: no open session ", session_id));
+    return SessionUnknownError(session_id);
   }
   PeerInfo& bound = it->second.peer;
   if (bound.verified) {

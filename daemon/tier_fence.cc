@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/error_reason.h"
 #include "daemon/tier_core.h"
 #include "daemon/tier_namespace.h"
 #include "spdlog/spdlog.h"
@@ -278,8 +279,7 @@ absl::Status TierCore::Fence(const v1::FenceRequest& req,
   HolderKey process;
   if (!SessionOpen(req.session_id()) ||
       !fence_->SessionOwner(req.session_id(), &instance, &process)) {
-    return absl::NotFoundError(
-        absl::StrCat("session_id: no open session ", req.session_id()));
+    return SessionUnknownError(req.session_id());
   }
   // Validate everything first.
   struct Item {

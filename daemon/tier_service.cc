@@ -6,7 +6,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "daemon/grpc_status.h"
+#include "common/grpc_status.h"
 #include "daemon/metrics.h"
 #include "spdlog/spdlog.h"
 

@@ -52,7 +52,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "kvtier/client.h"
+#include "client/client.h"
 #include "tests/test_pattern.h"
 
 namespace {
@@ -83,14 +83,14 @@ void KillSelf() {
 }
 
 struct Engine {
-  std::unique_ptr<kvtier::Client> client;
-  std::unique_ptr<kvtier::Namespace> ns;
+  std::unique_ptr<kvtier::client::Client> client;
+  std::unique_ptr<kvtier::client::Namespace> ns;
   uint32_t pages = 0;
 
   std::string Hashes(uint64_t seed) const {
     return ns->hasher().HashChain(TestTokens(seed, pages * 16));
   }
-  void Write(const kvtier::Reservation& r, uint64_t seed, uint32_t from,
+  void Write(const kvtier::client::Reservation& r, uint64_t seed, uint32_t from,
              uint32_t to) const {
     for (uint32_t i = from; i < to; ++i) {
       for (size_t b = 0; b < ns->page_banks().size(); ++b) {
@@ -101,7 +101,7 @@ struct Engine {
     }
   }
   // Pages [0, n) of the lease hold seed's bytes.
-  bool Check(const kvtier::Lease& lease, uint64_t seed, uint32_t n,
+  bool Check(const kvtier::client::Lease& lease, uint64_t seed, uint32_t n,
              std::string* where) const {
     for (uint32_t i = 0; i < n; ++i) {
       for (size_t b = 0; b < ns->page_banks().size(); ++b) {
@@ -126,15 +126,16 @@ absl::Status Open(const std::string& socket, const std::string& ns,
   const absl::Time deadline = absl::Now() + absl::Seconds(20);
   absl::Status last;
   while (absl::Now() < deadline) {
-    auto client = kvtier::Client::Connect({.socket = socket,
-                                           .client_name = "crash-client",
-                                           .timeout = absl::Seconds(2)});
+    auto client =
+        kvtier::client::Client::Connect({.socket = socket,
+                                         .client_name = "crash-client",
+                                         .timeout = absl::Seconds(2)});
     if (!client.ok()) {
       last = client.status();
       absl::SleepFor(absl::Milliseconds(50));
       continue;
     }
-    kvtier::AttachOptions o = TestAttachOptions(ns);
+    kvtier::client::AttachOptions o = TestAttachOptions(ns);
     o.capacity.page_rows = capacity;
     auto attached = (*client)->Attach(o);
     if (!attached.ok()) {

@@ -21,15 +21,19 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kvtier/client.h"
 #include "tests/daemon_probe.h"
 #include "tests/daemon_process.h"
 #include "tests/test_pattern.h"
 
 namespace kvtier::testing {
 namespace {
+
+using client::AttachOptions;
+using client::Client;
+using client::Namespace;
 
 const std::string kCrashClient =
     ResolveProgram(KVTIER_CRASH_CLIENT_PATH, "tests/kvtier_crash_client");

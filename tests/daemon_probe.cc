@@ -3,17 +3,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/grpc_status.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 
 namespace kvtier::testing {
 namespace {
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      s.error_message());
-}
 
 // Waits for the channel to (re)connect: the daemon may have just restarted.
 void Deadline(grpc::ClientContext* ctx) {
@@ -30,7 +25,7 @@ absl::StatusOr<Resp> Call(Rpc rpc) {
     grpc::ClientContext ctx;
     Deadline(&ctx);
     Resp resp;
-    absl::Status s = FromGrpc(rpc(&ctx, &resp));
+    absl::Status s = FromGrpcStatus(rpc(&ctx, &resp));
     if (s.ok()) return resp;
     if (!absl::IsUnavailable(s) || absl::Now() > end) return s;
     absl::SleepFor(absl::Milliseconds(20));

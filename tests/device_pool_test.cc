@@ -19,13 +19,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/client.h"
 #include "daemon/tier_core.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kvtier/client.h"
 #include "tests/daemon_process.h"
 
-namespace kvtier {
+namespace kvtier::client {
 namespace {
 
 using ::testing::HasSubstr;
@@ -435,4 +435,4 @@ TEST_F(DevicePoolCoreTest, SessionEndReturnsSlotsAndKeepsCommittedOnes) {
 }
 
 }  // namespace
-}  // namespace kvtier
+}  // namespace kvtier::client

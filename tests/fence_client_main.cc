@@ -3,8 +3,8 @@
 // goes first on its stream, then the copies, and only SIGUSR1 sets the
 // flag, so the copies land whenever the test says, across daemon restarts.
 // $KVTIER_FENCE_BACKEND picks the stream: "reference" (default) moves pages
-// with the reference backend on a kvtier::ReferenceStream whose first item
-// is SpinUntilReference; "cuda" with the CUDA backend on a cudaStream_t
+// with the reference backend on a kvtier::client::ReferenceStream whose first
+// item is SpinUntilReference; "cuda" with the CUDA backend on a cudaStream_t
 // whose first kernel is the spin kernel (kernels/spin_wait.h), the pool in
 // device memory. Namespaces use tests/test_pattern.h's layout with
 // CAPACITY page rows; a prefix of seed S is the hash chain of
@@ -55,11 +55,11 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/client.h"
+#include "client/mirror.h"
+#include "client/reference_stream.h"
 #include "client/transfer_engine.h"
 #include "kernels/spin_wait.h"
-#include "kvtier/client.h"
-#include "kvtier/mirror.h"
-#include "kvtier/reference_stream.h"
 #include "tests/test_pattern.h"
 
 #if KVTIER_HAVE_CUDA
@@ -106,7 +106,7 @@ void SleepForever() {
 // base[b] + p * stride[b] on the pool's side.
 class Pool {
  public:
-  Pool(const kvtier::Namespace& ns, uint32_t pages, bool cuda)
+  Pool(const kvtier::client::Namespace& ns, uint32_t pages, bool cuda)
       : cuda_(cuda), pages_(pages) {
     descriptor.num_pages = pages;
     for (const auto& bank : ns.page_banks()) {
@@ -205,7 +205,7 @@ class Pool {
     return true;
   }
 
-  kvtier::GpuPoolDescriptor descriptor;
+  kvtier::client::GpuPoolDescriptor descriptor;
 
  private:
   void Put(uint8_t* dst, const uint8_t* src, uint64_t n) {
@@ -232,7 +232,7 @@ class Pool {
   std::vector<std::vector<uint8_t>> host_;
   std::vector<uint8_t*> bases_;
   std::vector<uint64_t> strides_, row_bytes_;
-  kvtier::ReferenceStream reference_;
+  kvtier::client::ReferenceStream reference_;
   volatile uint32_t host_flag_ = 0;
   volatile uint32_t* flag_ = nullptr;
 #if KVTIER_HAVE_CUDA
@@ -241,8 +241,8 @@ class Pool {
 #endif
 };
 struct Engine {
-  std::unique_ptr<kvtier::Client> client;
-  std::unique_ptr<kvtier::Namespace> ns;
+  std::unique_ptr<kvtier::client::Client> client;
+  std::unique_ptr<kvtier::client::Namespace> ns;
   uint32_t pages = 0;
   std::string Hashes(uint64_t seed) const {
     return ns->hasher().HashChain(TestTokens(seed, pages * 16));
@@ -252,10 +252,10 @@ struct Engine {
 absl::Status Open(const std::string& socket, const std::string& ns,
                   uint64_t capacity, uint32_t pages,
                   const std::string& instance, Engine* e) {
-  auto client = kvtier::Client::Connect({.socket = socket,
-                                         .client_name = "fence-client",
-                                         .timeout = absl::Seconds(10),
-                                         .instance_id = instance});
+  auto client = kvtier::client::Client::Connect({.socket = socket,
+                                                 .client_name = "fence-client",
+                                                 .timeout = absl::Seconds(10),
+                                                 .instance_id = instance});
   if (!client.ok()) return client.status();
   auto o = TestAttachOptions(ns);
   o.capacity.page_rows = capacity;
@@ -346,13 +346,13 @@ int main(int argc, char** argv) {
         !s.ok()) {
       return Die("evict", s);
     }
-    std::future<absl::StatusOr<kvtier::CommitResult>> committed;
+    std::future<absl::StatusOr<kvtier::client::CommitResult>> committed;
     if (then == "commit") {
       committed = r->CommitAfter(pool.stream(), "", e.Hashes(seed));
     } else if (then == "abort") {
       r->AbortAfter(pool.stream());
     } else if (then == "drop") {
-      *r = kvtier::Reservation();  // Destroyed with the copy queued.
+      *r = kvtier::client::Reservation();  // Destroyed with the copy queued.
     } else {
       std::fprintf(stderr, "kvtier_fence_client: THEN: %s\n", then.c_str());
       return 2;
@@ -371,16 +371,17 @@ int main(int argc, char** argv) {
   }
   if (mode == "mirror" && !cuda) {
     pool.Fill(seed);
-    auto mirror = kvtier::Mirror::Create(*e.ns, pool.descriptor,
-                                         {.logical_pages = pages,
-                                          .gpu_slots = pages,
-                                          .max_batch = 1,
-                                          .max_selected = pages,
-                                          .max_store_entries = pages * 16,
-                                          .reference = true},
-                                         nullptr);
+    auto mirror =
+        kvtier::client::Mirror::Create(*e.ns, pool.descriptor,
+                                       {.logical_pages = pages,
+                                        .gpu_slots = pages,
+                                        .max_batch = 1,
+                                        .max_selected = pages,
+                                        .max_store_entries = pages * 16,
+                                        .reference = true},
+                                       nullptr);
     if (!mirror.ok()) return Die("mirror", mirror.status());
-    std::vector<kvtier::MirrorStoreEntry> entries;
+    std::vector<kvtier::client::MirrorStoreEntry> entries;
     for (uint32_t i = 0; i < pages; ++i) {
       for (int32_t t = 0; t < 16; ++t) {
         entries.push_back({.logical = static_cast<int32_t>(i),

@@ -1,7 +1,7 @@
 // The fence (issue 13) with real processes, real signals and copies that
 // are really queued: kvtier_fence_client moves pages with the reference
-// backend on a held kvtier::ReferenceStream, so its writes into reserved
-// rows (and its reads of leased rows) land when the test says — after
+// backend on a held kvtier::client::ReferenceStream, so its writes into
+// reserved rows (and its reads of leased rows) land when the test says — after
 // kvtierd was SIGKILLed and restarted, after its session ended, after it
 // aborted. Whatever happens, no other engine is handed those rows while the
 // copies may still run, and what another engine commits reads back as it
@@ -29,9 +29,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kvtier/client.h"
 #include "tests/daemon_probe.h"
 #include "tests/daemon_process.h"
 #include "tests/test_pattern.h"
@@ -43,6 +43,9 @@
 namespace kvtier::testing {
 namespace {
 
+using client::Client;
+using client::Namespace;
+using client::Reservation;
 using ::testing::HasSubstr;
 
 const std::string kFenceClient =

@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/client.h"
 #include "common/fast_lookup.h"
 #include "gmock/gmock.h"
 #include "grpcpp/channel.h"
@@ -29,7 +30,6 @@
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "gtest/gtest.h"
-#include "kvtier/client.h"
 #include "kvtier/v1/tier.grpc.pb.h"
 #include "tests/daemon_process.h"
 #include "tests/test_pattern.h"
@@ -37,6 +37,9 @@
 namespace kvtier::testing {
 namespace {
 
+using client::Client;
+using client::Namespace;
+using client::Reservation;
 using ::testing::HasSubstr;
 
 constexpr char kService[] = "/kvtier.v1.TierService/";

@@ -42,12 +42,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "client/client.h"
 #include "gmock/gmock.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
-#include "kvtier/client.h"
 #include "kvtier/v1/tier.grpc.pb.h"
 #include "tests/daemon_process.h"
 #include "tests/test_pattern.h"
@@ -56,6 +56,8 @@
 namespace kvtier::testing {
 namespace {
 
+using client::AttachOptions;
+using client::Client;
 using ::testing::HasSubstr;
 
 constexpr char kGroup[] = "kvtier";
@@ -305,7 +307,7 @@ TEST_F(IsolationTest, GroupMembersCannotDropOrListWhatTheyMayNotAttach) {
   const std::string leaf = chain.substr(chain.size() - 32);
 
   // Runs `body` with a raw stub on `socket` and a bound session of this
-  // user (a kvtier::Client's).
+  // user (a kvtier::client::Client's).
   auto with_session =
       [](const std::string& socket, const std::string& engine, std::string* out,
          const std::function<int(v1::TierService::Stub&, Client&)>& body) {

@@ -32,7 +32,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "kvtier/client.h"
+#include "client/client.h"
 #include "tests/test_pattern.h"
 
 namespace {
@@ -61,11 +61,12 @@ class Load {
   bool Connect() {
     ns_.reset();
     client_.reset();
-    auto client =
-        kvtier::Client::Connect({.socket = socket_, .client_name = "load"});
+    auto client = kvtier::client::Client::Connect(
+        {.socket = socket_, .client_name = "load"});
     if (!client.ok()) return Unexpected("connect", client.status());
     client_ = *std::move(client);
-    kvtier::AttachOptions o = kvtier::testing::TestAttachOptions(ns_name_);
+    kvtier::client::AttachOptions o =
+        kvtier::testing::TestAttachOptions(ns_name_);
     o.capacity.page_rows = rows_;
     auto ns = client_->Attach(o);
     if (!ns.ok()) return Unexpected("attach", ns.status());
@@ -145,7 +146,7 @@ class Load {
     return Unexpected(what, s);
   }
 
-  void Check(uint32_t p, const kvtier::Lease& lease) {
+  void Check(uint32_t p, const kvtier::client::Lease& lease) {
     for (uint32_t i = 0; i < lease.usable_pages(); ++i) {
       ++c_.checked_pages;
       for (size_t b = 0; b < ns_->page_banks().size(); ++b) {
@@ -164,7 +165,7 @@ class Load {
     }
   }
 
-  absl::StatusOr<kvtier::Lease> Lookup(uint32_t p, bool pin) {
+  absl::StatusOr<kvtier::client::Lease> Lookup(uint32_t p, bool pin) {
     ++c_.lookups;
     if (pin) ++c_.pinned_lookups;
     auto lease = ns_->Lookup(chains_[p], pin);
@@ -194,7 +195,8 @@ class Load {
     return s.ok() || Unexpected("release", s);
   }
 
-  void Fill(const kvtier::Reservation& res, uint32_t p, uint32_t first) {
+  void Fill(const kvtier::client::Reservation& res, uint32_t p,
+            uint32_t first) {
     for (uint32_t k = 0; k < res.page_rows().size(); ++k) {
       for (size_t b = 0; b < ns_->page_banks().size(); ++b) {
         const auto& bank = ns_->page_banks()[b];
@@ -274,11 +276,11 @@ class Load {
   std::mt19937_64 rng_;
   const uint32_t prefixes_, pages_;
   const uint64_t rows_;
-  std::unique_ptr<kvtier::Client> client_;
-  std::unique_ptr<kvtier::Namespace> ns_;
+  std::unique_ptr<kvtier::client::Client> client_;
+  std::unique_ptr<kvtier::client::Namespace> ns_;
   std::vector<std::string> chains_;
-  std::vector<kvtier::Lease> leases_;
-  std::vector<std::pair<uint32_t, kvtier::Reservation>> reservations_;
+  std::vector<kvtier::client::Lease> leases_;
+  std::vector<std::pair<uint32_t, kvtier::client::Reservation>> reservations_;
   Counters c_;
 };
 

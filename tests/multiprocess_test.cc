@@ -10,9 +10,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kvtier/client.h"
 #include "tests/daemon_probe.h"
 #include "tests/daemon_process.h"
 #include "tests/test_pattern.h"
@@ -20,6 +20,9 @@
 namespace kvtier::testing {
 namespace {
 
+using client::AttachOptions;
+using client::Client;
+using client::Reservation;
 using ::testing::HasSubstr;
 
 const std::string kClient =

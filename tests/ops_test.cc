@@ -24,11 +24,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/client.h"
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
-#include "kvtier/client.h"
 #include "tests/daemon_process.h"
 #include "tests/metrics_scrape.h"
 #include "tests/test_pattern.h"
@@ -36,6 +36,7 @@
 namespace kvtier::testing {
 namespace {
 
+using client::Client;
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;

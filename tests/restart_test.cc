@@ -22,9 +22,9 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kvtier/client.h"
 #include "tests/daemon_probe.h"
 #include "tests/daemon_process.h"
 #include "tests/test_pattern.h"
@@ -32,6 +32,8 @@
 namespace kvtier::testing {
 namespace {
 
+using client::AttachOptions;
+using client::Client;
 using ::testing::HasSubstr;
 
 const std::string kCrashClient =

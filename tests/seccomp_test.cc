@@ -18,14 +18,15 @@
 
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kvtier/client.h"
 #include "tests/daemon_process.h"
 
 namespace kvtier::testing {
 namespace {
 
+using client::Client;
 using ::testing::ContainsRegex;
 using ::testing::HasSubstr;
 using ::testing::Not;

@@ -6,8 +6,8 @@
 // byte) and reopen every one the daemon closes, for as long as the test
 // says: one as an attacker (another member of group kvtier), one as the
 // engine's own user. While both floods are in place a new engine child (the
-// engine user) connects with kvtier::Client, attaches, reserves and commits
-// a page and looks it up pinned. Before issue 14 the daemon gave each
+// engine user) connects with kvtier::client::Client, attaches, reserves and
+// commits a page and looks it up pinned. Before issue 14 the daemon gave each
 // connection a thread up to 1,024 and closed the rest at accept, so the
 // engine's Hello never bound its credentials and its Attach failed
 // (FAILED_PRECONDITION, no verified peer credentials). Now silent
@@ -43,9 +43,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "client/client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "kvtier/client.h"
 #include "tests/daemon_process.h"
 #include "tests/metrics_scrape.h"
 #include "tests/test_pattern.h"
@@ -54,6 +54,7 @@
 namespace kvtier::testing {
 namespace {
 
+using client::Client;
 using ::testing::HasSubstr;
 
 constexpr char kGroup[] = "kvtier";

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "kvtier/client.h"
+#include "client/client.h"
 #include "tests/test_pattern.h"
 
 namespace {
@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   const uint32_t pages =
       static_cast<uint32_t>(std::strtoul(argv[4], nullptr, 10));
   const uint64_t seed = std::strtoull(argv[5], nullptr, 10);
-  auto client = kvtier::Client::Connect(
+  auto client = kvtier::client::Client::Connect(
       {.socket = argv[2], .client_name = "test-client-" + mode});
   if (!client.ok()) return Die("connect", client.status());
   auto ns = (*client)->Attach(kvtier::testing::TestAttachOptions(argv[3]));

@@ -10,15 +10,15 @@
 #include <string>
 #include <vector>
 
-#include "kvtier/client.h"
+#include "client/client.h"
 
 namespace kvtier::testing {
 
 inline constexpr uint64_t kTestPageRows = 64;
 
 // A small fp8-like layout: a "kv" bank and an odd-sized "scale" bank.
-inline AttachOptions TestAttachOptions(const std::string& ns) {
-  AttachOptions o;
+inline client::AttachOptions TestAttachOptions(const std::string& ns) {
+  client::AttachOptions o;
   o.name = ns;
   o.layout.model = "kvtier-test";
   o.layout.tokens_per_page = 16;

@@ -207,6 +207,8 @@ _SIGNATURES = {
                                    c_size_t, POINTER(c_void_p)]),
     "kvt_pending_wait": (_status, [c_void_p, c_uint32, POINTER(CommitResult)]),
     "kvt_abort": (_status, [c_void_p]),
+    "kvt_reservation_free": (None, [c_void_p]),
+    "kvt_pending_free": (None, [c_void_p]),
     "kvt_abort_after": (_status, [c_void_p, c_void_p]),
     "kvt_transfer_create": (_status, [c_void_p, c_int32, POINTER(Pool),
                                       c_uint32, POINTER(c_void_p)]),

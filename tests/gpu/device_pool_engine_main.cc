@@ -34,8 +34,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
-#include "kvtier/client.h"
-#include "kvtier/device_pool_client.h"
+#include "client/client.h"
+#include "client/device_pool_client.h"
 #include "tests/test_pattern.h"
 
 namespace {
@@ -69,9 +69,10 @@ void FillSnapshot(uint8_t* p, uint64_t bytes, uint32_t rank, uint32_t page) {
   }
 }
 
-kvtier::AttachOptions Options(const std::string& ns, uint32_t rank, uint32_t tp,
-                              uint32_t pages, uint64_t bytes) {
-  kvtier::AttachOptions o;
+kvtier::client::AttachOptions Options(const std::string& ns, uint32_t rank,
+                                      uint32_t tp, uint32_t pages,
+                                      uint64_t bytes) {
+  kvtier::client::AttachOptions o;
   o.name = ns;
   o.layout.model = "device-pool-test";
   o.layout.tokens_per_page = 16;
@@ -86,12 +87,13 @@ kvtier::AttachOptions Options(const std::string& ns, uint32_t rank, uint32_t tp,
 }
 
 // The device pool of the current GPU (matched by PCI bus id), or an error.
-absl::StatusOr<std::pair<uint32_t, std::unique_ptr<kvtier::DevicePoolHandle>>>
-OpenLocalPool(const kvtier::Namespace& ns) {
+absl::StatusOr<
+    std::pair<uint32_t, std::unique_ptr<kvtier::client::DevicePoolHandle>>>
+OpenLocalPool(const kvtier::client::Namespace& ns) {
   absl::Status last = absl::NotFoundError(
       "the daemon exports no device pool (--device_pool_bytes)");
   for (uint32_t i = 0; i < ns.device_pools().size(); ++i) {
-    auto h = kvtier::DevicePoolHandle::Open(ns, i);
+    auto h = kvtier::client::DevicePoolHandle::Open(ns, i);
     if (h.ok()) return std::make_pair(i, *std::move(h));
     last = h.status();
   }
@@ -121,14 +123,14 @@ int Fill(const Args& a) {
       snap_pages.push_back(p);
     }
   }
-  auto client = kvtier::Client::Connect(
+  auto client = kvtier::client::Client::Connect(
       {.socket = a.socket, .client_name = "devpool-fill"});
   if (!client.ok()) return Die("connect", client.status());
   auto ns = (*client)->Attach(Options(a.ns, a.rank, a.tp, a.pages, a.bytes));
   if (!ns.ok()) return Die("attach", ns.status());
   auto pool = OpenLocalPool(**ns);
   if (!pool.ok()) return Die("open device pool", pool.status());
-  const kvtier::BankMapping* snap_bank = (*ns)->snapshot_bank();
+  const kvtier::client::BankMapping* snap_bank = (*ns)->snapshot_bank();
   if (snap_bank == nullptr || !snap_bank->cuda_registered) {
     return Die("snapshot bank", absl::FailedPreconditionError("not mapped"));
   }
@@ -139,7 +141,7 @@ int Fill(const Args& a) {
       (*ns)->hasher().HashChain(kvtier::testing::TestTokens(1, a.pages * 16));
   const uint32_t hb = (*ns)->hasher().hash_bytes();
   // KV pages: written straight into the mapped host rows.
-  const kvtier::BankMapping& kv = (*ns)->page_banks()[0];
+  const kvtier::client::BankMapping& kv = (*ns)->page_banks()[0];
   for (uint32_t p = 0; p < a.pages; ++p) {
     kvtier::testing::FillPattern(kv.base + res->page_rows()[p] * kv.row_stride,
                                  kv.row_bytes, kSeed + a.rank, p, 0);
@@ -149,7 +151,7 @@ int Fill(const Args& a) {
   void* src = nullptr;
   CUDA_OK(cudaMalloc(&src, a.bytes));
   std::vector<uint8_t> host(a.bytes);
-  std::vector<kvtier::SnapshotPlacement> host_snaps, device_snaps;
+  std::vector<kvtier::client::SnapshotPlacement> host_snaps, device_snaps;
   for (uint32_t i = 0; i < n; ++i) {
     const uint32_t page = snap_pages[i];
     FillSnapshot(host.data(), a.bytes, a.rank, page);
@@ -181,7 +183,7 @@ int Restore(const Args& a) {
   uint32_t expect = 0;
   if (!absl::SimpleAtoi(a.last, &expect)) return 2;
   CUDA_OK(cudaSetDevice(a.gpu));
-  auto client = kvtier::Client::Connect(
+  auto client = kvtier::client::Client::Connect(
       {.socket = a.socket, .client_name = "devpool-restore"});
   if (!client.ok()) return Die("connect", client.status());
   auto ns = (*client)->Attach(Options(a.ns, a.rank, a.tp, a.pages, a.bytes));
@@ -189,7 +191,7 @@ int Restore(const Args& a) {
   auto pool = OpenLocalPool(**ns);
   if (!pool.ok()) return Die("open device pool", pool.status());
   const uint32_t pool_index = pool->first;
-  kvtier::DevicePoolHandle& dp = *pool->second;
+  kvtier::client::DevicePoolHandle& dp = *pool->second;
   const std::string hashes =
       (*ns)->hasher().HashChain(kvtier::testing::TestTokens(1, a.pages * 16));
   const uint32_t hb = (*ns)->hasher().hash_bytes();
@@ -199,7 +201,7 @@ int Restore(const Args& a) {
   CUDA_OK(cudaMalloc(&dst, a.bytes));
   std::vector<uint8_t> want(a.bytes), got(a.bytes);
 
-  auto check = [&](const kvtier::Lease& lease, uint32_t page,
+  auto check = [&](const kvtier::client::Lease& lease, uint32_t page,
                    const char* what) -> bool {
     CUDA_OK(cudaMemset(dst, 0, a.bytes));
     if (absl::Status s = dp.RestoreSnapshot(lease, dst, a.bytes, stream);
@@ -230,7 +232,7 @@ int Restore(const Args& a) {
       return 1;
     }
     if (!check(*lease, expect - 1, "restore (device)")) return 1;
-    const kvtier::BankMapping& kv = (*ns)->page_banks()[0];
+    const kvtier::client::BankMapping& kv = (*ns)->page_banks()[0];
     for (uint32_t p = 0; p < expect; ++p) {
       if (!kvtier::testing::CheckPattern(
               kv.base + lease->rows()[p] * kv.row_stride, kv.row_bytes,
@@ -242,7 +244,7 @@ int Restore(const Args& a) {
   }
   if (a.tp == 1) {
     // Every snapshot, from each tier, and the timing of both.
-    std::vector<kvtier::Lease> dev, host;
+    std::vector<kvtier::client::Lease> dev, host;
     for (uint32_t p = 0; p < a.pages; ++p) {
       auto d = (*ns)->LookupWithDevice(
           std::string_view(hashes).substr(0, (p + 1) * hb), pool_index);
@@ -265,7 +267,8 @@ int Restore(const Args& a) {
     cudaEvent_t t0, t1;
     CUDA_OK(cudaEventCreate(&t0));
     CUDA_OK(cudaEventCreate(&t1));
-    auto time = [&](const std::vector<kvtier::Lease>& leases) -> double {
+    auto time =
+        [&](const std::vector<kvtier::client::Lease>& leases) -> double {
       double best = 1e30;
       for (int rep = 0; rep < 4; ++rep) {
         CUDA_OK(cudaEventRecord(t0, stream));

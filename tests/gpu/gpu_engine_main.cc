@@ -22,8 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "client/client.h"
 #include "client/transfer_engine.h"
-#include "kvtier/client.h"
 #include "tests/test_pattern.h"
 
 namespace {
@@ -52,8 +52,8 @@ int Die(const char* what, const absl::Status& s) {
   return 1;
 }
 
-kvtier::AttachOptions Options(const std::string& ns) {
-  kvtier::AttachOptions o;
+kvtier::client::AttachOptions Options(const std::string& ns) {
+  kvtier::client::AttachOptions o;
   o.name = ns;
   o.layout.model = "gpu-test-fp8";
   o.layout.tokens_per_page = 16;
@@ -93,10 +93,10 @@ struct Pool {
     CUDA_OK(cudaMemset(conv, 0, kSnapSlots * 3008));
   }
 
-  kvtier::GpuPoolDescriptor Descriptor() const {
-    kvtier::GpuPoolDescriptor d;
+  kvtier::client::GpuPoolDescriptor Descriptor() const {
+    kvtier::client::GpuPoolDescriptor d;
     d.num_pages = kPoolPages;
-    kvtier::BankPool kv{"kv", {}}, sc{"scale", {}};
+    kvtier::client::BankPool kv{"kv", {}}, sc{"scale", {}};
     for (uint32_t t = 0; t < kLayers * 2; ++t) {
       kv.tensors.push_back(
           {reinterpret_cast<uint64_t>(codes[t]), kCodeBytes, kCodeBytes});
@@ -139,7 +139,7 @@ int main(int argc, char** argv) {
   const std::string mode = argv[1];
   const uint32_t n = static_cast<uint32_t>(std::strtoul(argv[4], nullptr, 10));
   const uint64_t seed = std::strtoull(argv[5], nullptr, 10);
-  auto client = kvtier::Client::Connect(
+  auto client = kvtier::client::Client::Connect(
       {.socket = argv[2], .client_name = "gpu-engine-" + mode});
   if (!client.ok()) return Die("connect", client.status());
   auto ns = (*client)->Attach(Options(argv[3]));

@@ -3,7 +3,7 @@
 // a lookup from another process (kvtier_test_client verify) reads identical
 // bytes. HostWritten runs everywhere (the mirror rows are written on the
 // host, standing in for MirrorStore); GpuMirrorStore stores the pages from a
-// GPU pool with kvtier::Mirror first and GTEST_SKIPs without a device.
+// GPU pool with kvtier::client::Mirror first and GTEST_SKIPs without a device.
 //
 // Thread-safety: single-threaded tests.
 
@@ -14,14 +14,21 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "client/client.h"
+#include "client/mirror.h"
 #include "gtest/gtest.h"
-#include "kvtier/client.h"
-#include "kvtier/mirror.h"
 #include "tests/daemon_process.h"
 #include "tests/test_pattern.h"
 
 namespace kvtier::testing {
 namespace {
+
+using client::AttachOptions;
+using client::BankMapping;
+using client::Client;
+using client::GpuPoolDescriptor;
+using client::Mirror;
+using client::MirrorStoreEntry;
 
 constexpr uint32_t kPages = 8;
 constexpr uint64_t kSeed = 777;

@@ -13,15 +13,20 @@
 
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "client/client.h"
+#include "client/mirror.h"
 #include "gtest/gtest.h"
-#include "kvtier/client.h"
-#include "kvtier/mirror.h"
 #include "tests/daemon_probe.h"
 #include "tests/daemon_process.h"
 #include "tests/test_pattern.h"
 
 namespace kvtier::testing {
 namespace {
+
+using client::Client;
+using client::GpuPoolDescriptor;
+using client::Mirror;
+using client::MirrorStoreEntry;
 
 constexpr uint32_t kPages = 8;
 

@@ -26,11 +26,11 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "client/pool.h"
 #include "client/transfer_engine.h"
 #include "client/transfer_plan.h"
 #include "gtest/gtest.h"
 #include "kernels/page_copy.h"
-#include "kvtier/pool.h"
 
 namespace kvtier::client {
 namespace {

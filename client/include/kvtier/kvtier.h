@@ -208,8 +208,16 @@ kvt_status kvt_commit_after(kvt_reservation* r, void* stream,
  * DEADLINE_EXCEEDED. */
 kvt_status kvt_pending_wait(kvt_pending_commit* p, uint32_t timeout_ms,
                             kvt_commit_result* result);
+/* Frees the pending handle without waiting: the commit still happens, its
+ * result is not reported. NULL is ignored. */
+void kvt_pending_free(kvt_pending_commit* p);
 /* Aborts and frees the handle. */
 kvt_status kvt_abort(kvt_reservation* r);
+/* Frees the handle of a reservation neither committed nor aborted the way
+ * the library's own handles drop one: aborted now, or, in a process where
+ * copies into the rows may still be queued (a CUDA device, a reference
+ * stream), kept fenced until the process exits. NULL is ignored. */
+void kvt_reservation_free(kvt_reservation* r);
 /* Frees the handle and returns the rows once the work queued on `stream`
  * so far has finished (NULL: now, as kvt_abort). See Reservation::
  * AbortAfter. */
@@ -339,7 +347,7 @@ kvt_status kvt_commit_with_device(kvt_reservation* r, const uint8_t* parent,
 
 typedef struct kvt_mirror kvt_mirror;
 
-/* One stored token (kvtier::MirrorStoreEntry): the engine's logical page,
+/* One stored token: the engine's logical page,
  * the pool page ("slot") it sits in, the token's offset in the page.
  * logical < 0: padding, skipped. */
 typedef struct kvt_mirror_entry {

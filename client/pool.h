@@ -1,4 +1,4 @@
-// Public description of an engine's GPU KV pool: where each page's bytes live
+// Description of an engine's GPU KV pool: where each page's bytes live
 // on the device, tensor by tensor, and how they map onto the rows of the
 // namespace's host banks. An engine fills a GpuPoolDescriptor once at attach;
 // libkvtier validates it (see client/transfer_plan.h) and copies pages between
@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-namespace kvtier {
+namespace kvtier::client {
 
 // Most tensors one GpuPoolDescriptor may list over all its banks, and most
 // snapshot segments. One copy launch carries its whole tensor table as a
@@ -64,6 +64,6 @@ struct GpuPoolDescriptor {
   uint64_t num_snapshot_slots = 0;  // > 0 iff snapshot is not empty
 };
 
-}  // namespace kvtier
+}  // namespace kvtier::client
 
 #endif  // KVTIER_POOL_H_

@@ -1,14 +1,17 @@
-// libkvtier's C++ API: connect to kvtierd, attach to a namespace, look up,
-// reserve and commit pages, and move them with the transfer engine.
+// libkvtier's internal C++ API: connect to kvtierd, attach to a namespace,
+// look up, reserve and commit pages, and move them with the transfer
+// engine. The C ABI (kvtier/kvtier.h, client/c_api.cc) is built on it, and
+// libkvtier.so exports that alone; engines use the C ABI or the header-only
+// C++ layer over it (kvtier/kvtier.hpp). Tests, benchmarks and the C ABI
+// use this API directly, linking kvtier_client.
 //
-//   auto client = kvtier::Client::Connect({.client_name = "engine-0"});
+//   auto client = Client::Connect({.client_name = "engine-0"});
 //   auto ns = (*client)->Attach({.name = "llama3-8b", .layout = layout});
 //   std::string hashes = (*ns)->hasher().HashChain(tokens);
-//   auto lease = (*ns)->Lookup(hashes, /*pin=*/true);       // rows to
-//   rehydrate auto res = (*ns)->Reserve(pages);                        // rows
-//   to evict into
+//   auto lease = (*ns)->Lookup(hashes, /*pin=*/true);  // rows to rehydrate
+//   auto res = (*ns)->Reserve(pages);                  // rows to evict into
 //   ... engine->Evict(gpu_pages, res->page_rows(), stream) ...
-//   auto done = res->CommitAfter(stream, parent, hashes);    // never blocks
+//   auto done = res->CommitAfter(stream, parent, hashes);  // never blocks
 //
 // The tier outlives a daemon restart: when the session stream ends, the
 // client reopens a session in the background (with backoff) and re-attaches
@@ -28,15 +31,15 @@
 // be queued (a CUDA device, or a ReferenceStream) keeps its rows fenced
 // until the process exits.
 //
-// The API exposes no protobuf, gRPC or abseil-flags types beyond
-// absl::Status/StatusOr and absl::Span, so an engine that brings its own
-// protobuf can load libkvtier.so (which hides everything else).
+// The API exposes no protobuf or gRPC types (absl::Status/StatusOr and
+// absl::Span only). Outage statuses carry an ErrorReason payload
+// (common/error_reason.h).
 //
 // Thread-safety: Client and Namespace are thread-safe. Lease and Reservation
 // are move-only handles owned by one thread at a time; their destructors
 // release the pin / abort the reservation.
-#ifndef KVTIER_CLIENT_INCLUDE_KVTIER_CLIENT_H_
-#define KVTIER_CLIENT_INCLUDE_KVTIER_CLIENT_H_
+#ifndef KVTIER_CLIENT_CLIENT_H_
+#define KVTIER_CLIENT_CLIENT_H_
 
 #include <cstdint>
 #include <functional>
@@ -51,14 +54,13 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "kvtier/block_hash.h"
-#include "kvtier/pool.h"
+#include "client/block_hash.h"
+#include "client/pool.h"
 
-namespace kvtier {
+namespace kvtier::client {
 
 class Reservation;
 
-namespace client {
 class TransferEngine;
 enum class Backend;
 struct Connection;
@@ -66,10 +68,9 @@ struct NamespaceState;
 // Runs `on_end` (on libkvtier's session thread) once the daemon session
 // that made `r` has ended, or at once if it has; returns a token for
 // UnwatchSessionEnd. Mirrors stop storing into rows of an ended session
-// through it (kvtier/mirror.h). Internal: not exported by libkvtier.so.
+// through it (client/mirror.h). Internal: not exported by libkvtier.so.
 uint64_t WatchSessionEnd(const Reservation& r, std::function<void()> on_end);
 void UnwatchSessionEnd(const Reservation& r, uint64_t token);
-}  // namespace client
 
 // One per-page bank of a namespace (KV codes, scales, ...).
 struct BankLayout {
@@ -126,7 +127,11 @@ struct AttachOptions {
 };
 
 // A mapped bank: row r starts at base + r * row_stride. When registered,
-// `base` is also the device address (UVA).
+// `base` is also the device address (UVA). Every field is immutable once
+// Attach returned, across daemon restarts too: a recreated bank is mapped
+// over the same range (client/bank_mapping.h), so engine threads may read
+// these without a lock. cuda_registered says the bank was registered at
+// attach; Namespace::cuda_registered() says whether it still is.
 struct BankMapping {
   std::string name;
   uint8_t* base = nullptr;
@@ -152,8 +157,8 @@ struct SnapshotPlacement {
 };
 
 // A daemon-owned GPU pool of snapshot slots (kvtierd --device_pool_bytes),
-// as Attach reported it; open it with kvtier::DevicePoolHandle
-// (kvtier/device_pool_client.h). Valid only for the daemon session that
+// as Attach reported it; open it with kvtier::client::DevicePoolHandle
+// (client/device_pool_client.h). Valid only for the daemon session that
 // reported it: after a daemon restart, attach again.
 struct DevicePoolInfo {
   int device_ordinal = 0;  // In the daemon's CUDA numbering.
@@ -202,9 +207,9 @@ class Lease {
   // Registers a pinned lease with the fence tracker; `hashes` is the
   // looked-up chain.
   void Track(std::string_view hashes);
-  std::shared_ptr<client::NamespaceState> ns_;
+  std::shared_ptr<NamespaceState> ns_;
   uint64_t lease_id_ = 0;
-  uint64_t track_ = 0;  // client::FenceTracker token.
+  uint64_t track_ = 0;  // FenceTracker token.
   uint64_t epoch_ = 0;  // The session (Connection::epoch) that pinned it.
   uint32_t matched_pages_ = 0;
   uint32_t usable_pages_ = 0;
@@ -261,15 +266,15 @@ class Reservation {
 
  private:
   friend class Namespace;
-  friend uint64_t client::WatchSessionEnd(const Reservation& r,
-                                          std::function<void()> on_end);
-  friend void client::UnwatchSessionEnd(const Reservation& r, uint64_t token);
+  friend uint64_t WatchSessionEnd(const Reservation& r,
+                                  std::function<void()> on_end);
+  friend void UnwatchSessionEnd(const Reservation& r, uint64_t token);
   // What the destructor (and a move over a live reservation) does: abort,
   // or fence the rows where copies into them may still be queued.
   void Drop();
-  std::shared_ptr<client::NamespaceState> ns_;
+  std::shared_ptr<NamespaceState> ns_;
   uint64_t id_ = 0;
-  uint64_t track_ = 0;  // client::FenceTracker token.
+  uint64_t track_ = 0;  // FenceTracker token.
   uint64_t epoch_ = 0;  // The session (Connection::epoch) that reserved it.
   std::vector<uint32_t> page_rows_;
   std::vector<uint32_t> snapshot_rows_;
@@ -287,6 +292,8 @@ class Namespace {
   const Layout& layout() const;
   uint32_t tp_rank() const;
   bool created() const;  // This attach created the namespace.
+  // True while every bank is registered with CUDA (false during a remap
+  // after a daemon restart, and after a failed re-registration).
   bool cuda_registered() const;
   const BlockHasher& hasher() const;
   const std::vector<BankMapping>& page_banks() const;
@@ -318,7 +325,7 @@ class Namespace {
                                       uint32_t device_snapshots = 0,
                                       uint32_t device_pool = 0);
   // Commits pages of a write-through mirror (a reservation of this session,
-  // see kvtier/mirror.h) into the prefix index: the daemon copies the rows
+  // see client/mirror.h) into the prefix index: the daemon copies the rows
   // mirror.page_rows()[mirror_indices[i]] host-to-host into fresh rows and
   // commits them under `hashes` (packed, one per index) below `parent_hash`.
   // `mirror` stays reserved. REQUIRES: those rows are fully written.
@@ -329,16 +336,16 @@ class Namespace {
       std::string_view parent_hash, std::string_view hashes);
 
   // A transfer engine over this namespace's banks and the engine's GPU pool
-  // (client::Backend::kCuda), or over host memory (kReference, for tests).
+  // (Backend::kCuda), or over host memory (kReference, for tests).
   // max_ctas: most CTAs one copy launch uses (0: the default).
-  absl::StatusOr<std::unique_ptr<client::TransferEngine>> CreateTransferEngine(
-      client::Backend backend, const GpuPoolDescriptor& pool,
+  absl::StatusOr<std::unique_ptr<TransferEngine>> CreateTransferEngine(
+      Backend backend, const GpuPoolDescriptor& pool,
       uint32_t max_ctas = 0) const;
 
  private:
   friend class Client;
-  explicit Namespace(std::shared_ptr<client::NamespaceState> state);
-  std::shared_ptr<client::NamespaceState> state_;
+  explicit Namespace(std::shared_ptr<NamespaceState> state);
+  std::shared_ptr<NamespaceState> state_;
 };
 
 struct DropResult {
@@ -374,10 +381,10 @@ class Client {
                                   bool force = false);
 
  private:
-  explicit Client(std::shared_ptr<client::Connection> connection);
-  std::shared_ptr<client::Connection> connection_;
+  explicit Client(std::shared_ptr<Connection> connection);
+  std::shared_ptr<Connection> connection_;
 };
 
-}  // namespace kvtier
+}  // namespace kvtier::client
 
-#endif  // KVTIER_CLIENT_INCLUDE_KVTIER_CLIENT_H_
+#endif  // KVTIER_CLIENT_CLIENT_H_

@@ -1,5 +1,5 @@
 // ReferenceStream: a host stand-in for a CUDA stream, for the reference
-// transfer backend (client::Backend::kReference) and tests without a GPU.
+// transfer backend (Backend::kReference) and tests without a GPU.
 //
 // Pass stream.handle() wherever libkvtier takes a `void* stream`: a
 // reference-backend copy enqueued on it runs on the stream's own thread, in
@@ -9,7 +9,7 @@
 // test can keep copies queued (say, across a daemon restart) and let them
 // land later with Resume().
 //
-//   kvtier::ReferenceStream stream;
+//   kvtier::client::ReferenceStream stream;
 //   stream.Hold();
 //   (void)engine->Evict(gpu_pages, res->page_rows(), stream.handle());
 //   res->AbortAfter(stream.handle());  // returns the rows after the copy
@@ -17,14 +17,14 @@
 //   stream.Resume();                   // the queued copy lands now
 //
 // Thread-safety: thread-safe.
-#ifndef KVTIER_CLIENT_INCLUDE_KVTIER_REFERENCE_STREAM_H_
-#define KVTIER_CLIENT_INCLUDE_KVTIER_REFERENCE_STREAM_H_
+#ifndef KVTIER_CLIENT_REFERENCE_STREAM_H_
+#define KVTIER_CLIENT_REFERENCE_STREAM_H_
 
 #include <cstddef>
 #include <functional>
 #include <memory>
 
-namespace kvtier {
+namespace kvtier::client {
 
 class ReferenceStream {
  public:
@@ -59,6 +59,6 @@ class ReferenceStream {
   std::shared_ptr<State> state_;
 };
 
-}  // namespace kvtier
+}  // namespace kvtier::client
 
-#endif  // KVTIER_CLIENT_INCLUDE_KVTIER_REFERENCE_STREAM_H_
+#endif  // KVTIER_CLIENT_REFERENCE_STREAM_H_

@@ -2,7 +2,7 @@
 // (daemon-owned GPU memory of snapshot slots, kvtierd --device_pool_bytes),
 // opened once with cudaIpcOpenMemHandle.
 //
-//   auto pool = kvtier::DevicePoolHandle::Open(*ns, 0);  // current GPU
+//   auto pool = kvtier::client::DevicePoolHandle::Open(*ns, 0);  // current GPU
 //   auto res = ns->Reserve(0, 1, /*device_snapshots=*/1, /*device_pool=*/0);
 //   pool->SaveSnapshot(res->device_snapshot_rows()[0], state, bytes, stream);
 //   ... commit with device_snapshots placements ...
@@ -22,8 +22,8 @@
 //
 // Thread-safety: thread-safe after Open (immutable; CUDA calls are).
 // Copies run on the caller's stream; nothing synchronises the device.
-#ifndef KVTIER_CLIENT_INCLUDE_KVTIER_DEVICE_POOL_CLIENT_H_
-#define KVTIER_CLIENT_INCLUDE_KVTIER_DEVICE_POOL_CLIENT_H_
+#ifndef KVTIER_CLIENT_DEVICE_POOL_CLIENT_H_
+#define KVTIER_CLIENT_DEVICE_POOL_CLIENT_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -31,9 +31,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "kvtier/client.h"
+#include "client/client.h"
 
-namespace kvtier {
+namespace kvtier::client {
 
 class DevicePoolHandle {
  public:
@@ -72,6 +72,6 @@ class DevicePoolHandle {
   uint8_t* const base_;
 };
 
-}  // namespace kvtier
+}  // namespace kvtier::client
 
-#endif  // KVTIER_CLIENT_INCLUDE_KVTIER_DEVICE_POOL_CLIENT_H_
+#endif  // KVTIER_CLIENT_DEVICE_POOL_CLIENT_H_

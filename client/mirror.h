@@ -2,7 +2,8 @@
 // write-through mirror of L logical pages and a device-side LRU (ensure)
 // that makes P GPU slots a cache over them.
 //
-//   auto mirror = kvtier::Mirror::Create(*ns, pool, {.logical_pages = 20000,
+//   auto mirror = kvtier::client::Mirror::Create(*ns, pool, {.logical_pages =
+//   20000,
 //       .gpu_slots = pool.num_pages, .max_batch = 8, .max_selected = 512},
 //       stream);
 //   // every decode/prefill step, inside the engine's CUDA graph:
@@ -16,7 +17,7 @@
 // nothing more, and the daemon keeps the rows fenced until this process
 // reports them or exits (the fence protocol). Logical page l lives in row
 // rows()[l] of every page bank, laid out as the pool descriptor's row format
-// (client/include/kvtier/pool.h). Store treats a pool tensor whose
+// (client/pool.h). Store treats a pool tensor whose
 // bytes_per_page divides by tokens_per_page as token-major (token t's bytes at
 // t * bytes_per_page / tokens_per_page) and copies just the token; any other
 // tensor (per-page side data) is copied whole on every store of one of its
@@ -24,8 +25,8 @@
 //
 // Thread-safety: a Mirror is used by one thread and one stream at a time.
 
-#ifndef KVTIER_CLIENT_INCLUDE_KVTIER_MIRROR_H_
-#define KVTIER_CLIENT_INCLUDE_KVTIER_MIRROR_H_
+#ifndef KVTIER_CLIENT_MIRROR_H_
+#define KVTIER_CLIENT_MIRROR_H_
 
 #include <cstdint>
 #include <memory>
@@ -33,10 +34,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "kvtier/client.h"
-#include "kvtier/pool.h"
+#include "client/client.h"
+#include "client/pool.h"
 
-namespace kvtier {
+namespace kvtier::client {
 
 // One stored token (same layout as kernels::MirrorEntry): the engine's
 // logical page, the GPU slot (pool page id) it sits in, the token's offset in
@@ -58,8 +59,9 @@ struct MirrorOptions {
   uint32_t store_ctas = 16;        // CTAs of the mirror store
   // The reference backend (tests without a GPU): the pool's "device
   // addresses" are host pointers and Store / Ensure run the kernels'
-  // reference implementations, queued on a kvtier::ReferenceStream passed
-  // as the stream, or at once for a null stream. Graph capture is CUDA's.
+  // reference implementations, queued on a kvtier::client::ReferenceStream
+  // passed as the stream, or at once for a null stream. Graph capture is
+  // CUDA's.
   bool reference = false;
 };
 
@@ -122,6 +124,6 @@ class Mirror {
   std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace kvtier
+}  // namespace kvtier::client
 
-#endif  // KVTIER_CLIENT_INCLUDE_KVTIER_MIRROR_H_
+#endif  // KVTIER_CLIENT_MIRROR_H_

@@ -36,7 +36,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 
-namespace kvtier {
+namespace kvtier::client {
 
 // Wire values: stored in namespace layouts; never renumber.
 enum class HashKind : uint32_t { kSha256 = 1, kXxh3_128 = 2 };
@@ -89,6 +89,6 @@ class BlockHasher {
   uint32_t tokens_per_page_;
 };
 
-}  // namespace kvtier
+}  // namespace kvtier::client
 
 #endif  // KVTIER_BLOCK_HASH_H_

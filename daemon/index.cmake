@@ -1,6 +1,15 @@
-# kvtier_index: the per-namespace prefix index (daemon/prefix_index.h).
-add_library(kvtier_index STATIC ${CMAKE_CURRENT_LIST_DIR}/prefix_index.cc
-  ${CMAKE_CURRENT_LIST_DIR}/prefix_index_alloc.cc)
+# kvtier_index: the per-namespace prefix index (daemon/prefix_index.h), its
+# row pools (daemon/row_pool.h) and node pool (daemon/node_pool.h).
+add_library(kvtier_index STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/row_pool.cc
+  ${CMAKE_CURRENT_LIST_DIR}/node_pool.cc
+  ${CMAKE_CURRENT_LIST_DIR}/prefix_index.cc
+  ${CMAKE_CURRENT_LIST_DIR}/prefix_index_alloc.cc
+  ${CMAKE_CURRENT_LIST_DIR}/prefix_index_evict.cc
+  ${CMAKE_CURRENT_LIST_DIR}/prefix_index_lookup.cc
+  ${CMAKE_CURRENT_LIST_DIR}/prefix_index_commit.cc
+  ${CMAKE_CURRENT_LIST_DIR}/prefix_index_introspect.cc
+  ${CMAKE_CURRENT_LIST_DIR}/prefix_index_check.cc)
 kvtier_target_options(kvtier_index)
 target_include_directories(kvtier_index PUBLIC ${PROJECT_SOURCE_DIR})
 target_link_libraries(kvtier_index PUBLIC

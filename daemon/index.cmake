@@ -16,6 +16,12 @@ target_link_libraries(kvtier_index PUBLIC
   absl::status absl::statusor absl::flat_hash_set absl::flat_hash_map
   absl::btree absl::span absl::strings absl::hash absl::time)
 
+# One binary, split by job like the sources.
 kvtier_test(prefix_index_test
   SOURCES ${CMAKE_CURRENT_LIST_DIR}/prefix_index_test.cc
-  LIBS kvtier_index)
+    ${CMAKE_CURRENT_LIST_DIR}/prefix_index_lookup_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/prefix_index_snapshot_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/prefix_index_alloc_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/prefix_index_commit_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/prefix_index_test_util.cc
+  LIBS kvtier_index absl::strings absl::flat_hash_map)

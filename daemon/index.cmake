@@ -25,3 +25,7 @@ kvtier_test(prefix_index_test
     ${CMAKE_CURRENT_LIST_DIR}/prefix_index_commit_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/prefix_index_test_util.cc
   LIBS kvtier_index absl::strings absl::flat_hash_map)
+kvtier_test(row_pool_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/row_pool_test.cc LIBS kvtier_index)
+kvtier_test(node_pool_test
+  SOURCES ${CMAKE_CURRENT_LIST_DIR}/node_pool_test.cc LIBS kvtier_index)

@@ -72,8 +72,11 @@ PrefixIndex::LookupResult PrefixIndex::Find(absl::Span<const HashKey> hashes,
   uint32_t snapshot_node = kNoNode;
   bool verified = true;
   uint32_t id = deepest;
+  // i < matched <= hashes.size(): index the data, sparing the hot loop the
+  // span's bounds check (and the register it needs).
+  const HashKey* const keys = hashes.data();
   for (size_t i = matched; i-- > 0;) {
-    if (id == kNoNode || !KeyEquals(N(id).key, hashes[i])) {
+    if (id == kNoNode || !KeyEquals(N(id).key, keys[i])) {
       verified = false;
       break;
     }

@@ -346,8 +346,8 @@ class PrefixIndex {
   using Node = NodePool::Node;
 
   // Hash and equality of node ids through their keys, transparent to
-  // HashKey so lookups need no node. Defined inline below: Find's probes
-  // call them in every TU that looks up.
+  // HashKey so lookups need no node. Defined inline below, so that every
+  // file's FindNode (Find's probes, Commit's checks) inlines them.
   struct NodeHash {
     using is_transparent = void;
     const PrefixIndex* index;

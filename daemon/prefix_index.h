@@ -13,16 +13,27 @@
 // search the longest match.
 //
 // Memory is kept near 100 bytes of daemon RAM per page (tp_size 1): nodes live
-// in a chunked pool addressed by uint32 ids, the hash set stores only node ids
-// (hashing and comparing through the node's key, so a key is stored once), and
-// the LRU sets hold only evictable leaves and unpinned snapshots.
+// in a chunked pool addressed by uint32 ids (daemon/node_pool.h), the hash set
+// stores only node ids (hashing and comparing through the node's key, so a key
+// is stored once), and the LRU sets hold only evictable leaves and unpinned
+// snapshots. Each bank's row states are a RowPool (daemon/row_pool.h).
 //
-// Thread-safety: this class is NOT thread-safe; its owner holds a mutex around
-// every call, const ones included.
+// The member functions are defined by job: prefix_index.cc (construction, tree
+// links, pins, removal), prefix_index_alloc.cc (allocation, freeing,
+// claiming), prefix_index_evict.cc (eviction and the snapshot spacing policy),
+// prefix_index_lookup.cc, prefix_index_commit.cc, prefix_index_introspect.cc
+// (usage, listings, the node walk, memory) and prefix_index_check.cc
+// (CheckInvariants).
+//
+// Thread-safety: NOT thread-safe, and it holds no lock: the owner serialises
+// every call (TierCore holds the namespace's Namespace::mu,
+// daemon/tier_namespace.h). Const member functions only read (none moves a
+// recency, a counter or a container), so any number of them may run at once,
+// e.g. Find under a shared lock; every non-const member function needs
+// exclusive access, with no other call, const or not, in flight.
 #ifndef KVTIER_DAEMON_PREFIX_INDEX_H_
 #define KVTIER_DAEMON_PREFIX_INDEX_H_
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -36,21 +47,16 @@
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "daemon/counting_allocator.h"
+#include "daemon/node_pool.h"
+#include "daemon/prefix_index_types.h"
+#include "daemon/row_pool.h"
 
 namespace kvtier::daemon {
 
-// "No row" in row fields and vectors.
-inline constexpr uint32_t kNoRow = 0xffffffff;
-// "No node" in node ids (LookupResult::pin_node, tree links).
-inline constexpr uint32_t kNoNode = 0xffffffff;
-
-// A block hash. Hashes shorter than 32 bytes (hash_bytes 16) occupy the
-// leading bytes; the index reads only the first hash_bytes bytes, and keys it
-// returns have the rest zeroed.
-struct HashKey {
-  std::array<uint8_t, 32> bytes{};
-};
+// kNoRow, kNoNode and HashKey: daemon/prefix_index_types.h.
 
 // What one namespace's index manages. Validated by PrefixIndex::Create.
 struct IndexConfig {
@@ -196,10 +202,7 @@ class PrefixIndex {
   // `rank` (a replicated index answers rank 0's for every rank; kNoRow when
   // the node is not live or holds no row of the rank). The fence re-pins a
   // lease reported after a restart through them.
-  uint32_t NodeOf(const HashKey& key) const {
-    auto it = by_key_.find(key);
-    return it == by_key_.end() ? kNoNode : *it;
-  }
+  uint32_t NodeOf(const HashKey& key) const { return FindNode(key); }
   uint32_t PageRowOf(uint32_t node, uint32_t rank) const {
     if (!IsLive(node) || rank >= tp_size_) return kNoRow;
     return PageRow(node, ranks_ == 1 ? 0 : rank);
@@ -340,66 +343,11 @@ class PrefixIndex {
   size_t MemoryBytes() const;
 
  private:
-  static constexpr uint32_t kChunkBits = 14;
-  static constexpr uint32_t kChunkNodes = 1u << kChunkBits;
-  static constexpr uint32_t kChunkMask = kChunkNodes - 1;
-
-  // 80 bytes. A node with no page row (page_ranks == 0) is free; free nodes
-  // are chained through next_sibling.
-  struct Node {
-    HashKey key;
-    uint64_t tick;         // Last use (logical clock); LRU set keys use it.
-    int64_t unix_ms;       // Wall clock of the same use.
-    uint32_t parent;       // kNoNode for a first page.
-    uint32_t first_child;  // Children form a doubly linked list.
-    uint32_t next_sibling;
-    uint32_t prev_sibling;
-    uint32_t depth;  // Page index in the prefix.
-    uint32_t pins;
-    uint8_t page_ranks;      // Stored ranks holding a page row.
-    uint8_t snapshot_ranks;  // Stored ranks holding a snapshot row.
-  };
-
-  // A fixed block of the node pool; ids are chunk << kChunkBits | slot.
-  struct Chunk {
-    std::unique_ptr<Node[]> nodes;
-    std::unique_ptr<uint32_t[]> page_rows;      // [slot * ranks + rank]
-    std::unique_ptr<uint32_t[]> snapshot_rows;  // Same; null unless hybrid.
-  };
-
-  // One bank's rows across stored ranks.
-  struct RowPool {
-    enum State : uint8_t { kFree = 0, kAllocated = 1, kCommitted = 2 };
-    uint64_t rows_per_rank = 0;
-    std::vector<uint8_t> state;                  // [rank * rows_per_rank + row]
-    std::vector<std::vector<uint32_t>> free;     // Per rank: a stack.
-    std::vector<uint64_t> allocated, committed;  // Per rank.
-  };
-
-  // Counts the bytes its containers allocate into *bytes.
-  template <typename T>
-  struct CountingAllocator {
-    using value_type = T;
-    size_t* bytes;
-    explicit CountingAllocator(size_t* b) : bytes(b) {}
-    template <typename U>
-    CountingAllocator(const CountingAllocator<U>& o) : bytes(o.bytes) {}
-    T* allocate(size_t n) {
-      *bytes += n * sizeof(T);
-      return std::allocator<T>().allocate(n);
-    }
-    void deallocate(T* p, size_t n) {
-      *bytes -= n * sizeof(T);
-      std::allocator<T>().deallocate(p, n);
-    }
-    template <typename U>
-    bool operator==(const CountingAllocator<U>& o) const {
-      return bytes == o.bytes;
-    }
-  };
+  using Node = NodePool::Node;
 
   // Hash and equality of node ids through their keys, transparent to
-  // HashKey so lookups need no node.
+  // HashKey so lookups need no node. Defined inline below, so that every
+  // file's FindNode (Find's probes, Commit's checks) inlines them.
   struct NodeHash {
     using is_transparent = void;
     const PrefixIndex* index;
@@ -426,32 +374,22 @@ class PrefixIndex {
 
   explicit PrefixIndex(const IndexConfig& config);
 
-  // Node access.
-  Node& N(uint32_t id) {
-    return chunks_[id >> kChunkBits].nodes[id & kChunkMask];
-  }
-  const Node& N(uint32_t id) const {
-    return chunks_[id >> kChunkBits].nodes[id & kChunkMask];
-  }
+  // Node access (NodePool's, under the index's short names).
+  Node& N(uint32_t id) { return node_pool_.node(id); }
+  const Node& N(uint32_t id) const { return node_pool_.node(id); }
   uint32_t& PageRow(uint32_t id, uint32_t rank) {
-    return chunks_[id >> kChunkBits]
-        .page_rows[(id & kChunkMask) * ranks_ + rank];
+    return node_pool_.PageRow(id, rank);
   }
   uint32_t PageRow(uint32_t id, uint32_t rank) const {
-    return chunks_[id >> kChunkBits]
-        .page_rows[(id & kChunkMask) * ranks_ + rank];
+    return node_pool_.PageRow(id, rank);
   }
   uint32_t& SnapshotRow(uint32_t id, uint32_t rank) {
-    return chunks_[id >> kChunkBits]
-        .snapshot_rows[(id & kChunkMask) * ranks_ + rank];
+    return node_pool_.SnapshotRow(id, rank);
   }
   uint32_t SnapshotRow(uint32_t id, uint32_t rank) const {
-    return chunks_[id >> kChunkBits]
-        .snapshot_rows[(id & kChunkMask) * ranks_ + rank];
+    return node_pool_.SnapshotRow(id, rank);
   }
-  bool IsLive(uint32_t id) const {
-    return id < next_unused_ && N(id).page_ranks != 0;
-  }
+  bool IsLive(uint32_t id) const { return node_pool_.IsLive(id); }
   bool Complete(const Node& n) const { return n.page_ranks == ranks_; }
   bool SnapshotComplete(const Node& n) const {
     return ranks_ != 0 && n.snapshot_ranks == ranks_;
@@ -467,11 +405,9 @@ class PrefixIndex {
     return (uint64_t{n.depth} + 1) * tokens_per_page_;
   }
 
-  void InitPool(RowPool& pool, uint64_t rows_per_rank);
   // INVALID_ARGUMENT unless rank < ranks_.
   absl::Status ValidateRank(uint32_t rank) const;
-  // Pops n free rows of `rank` into allocated-uncommitted. REQUIRES: enough.
-  std::vector<uint32_t> TakeRows(RowPool& pool, uint32_t rank, uint32_t n);
+
   // Allocation (prefix_index_alloc.cc). Sum of depth + 1 over pinned
   // nodes: a bound on the nodes pins protect (each pinned node and its
   // ancestors). O(pinned nodes).
@@ -482,26 +418,22 @@ class PrefixIndex {
   uint64_t ProtectedPageRows(uint32_t rank) const;
   // Committed snapshot rows of `rank` on pinned nodes. O(pinned nodes).
   uint64_t PinnedSnapshotRows(uint32_t rank) const;
-  // Evict until `rank` has `n` free rows of the bank, as far as eviction
-  // can. Return whether it has.
+
+  // Eviction (prefix_index_evict.cc). Evict until `rank` has `n` free rows
+  // of the bank, as far as eviction can. Return whether it has.
   bool EvictLeavesFor(uint32_t rank, uint32_t n);
   bool EvictSnapshotsFor(uint32_t rank, uint32_t n);
-  // FreePageRows / FreeSnapshotRows; `bank` names the bank in messages.
-  static absl::Status FreeRows(RowPool& pool, uint32_t rank,
-                               absl::Span<const uint32_t> rows,
-                               const char* bank);
-  // ClaimPageRows / ClaimSnapshotRows.
-  static absl::Status ClaimRows(RowPool& pool, uint32_t rank,
-                                absl::Span<const uint32_t> rows,
-                                const char* bank);
-  // Row state moves: allocated -> committed, allocated -> free,
-  // committed -> free.
-  static void CommitRow(RowPool& pool, uint32_t rank, uint32_t row);
-  static void ReturnAllocated(RowPool& pool, uint32_t rank, uint32_t row);
-  static void ReleaseCommitted(RowPool& pool, uint32_t rank, uint32_t row);
+  // RemoveLeaf / RemoveSnapshot, counted as evictions.
+  void EvictLeaf(uint32_t id);
+  void EvictSnapshot(uint32_t id);
+  // Whether, without the node's snapshot, resuming anywhere in the tree
+  // still replays at most max_replay_tokens_ (bounded search; "no" when the
+  // bound is hit).
+  bool SnapshotRedundant(uint32_t id) const;
 
-  // Creates a node holding `rank`'s committed `row`, linked under `parent`
-  // (kNoNode: a first page), with the current recency, in the leaf LRU.
+  // Tree links (prefix_index.cc). Creates a node holding `rank`'s committed
+  // `row`, linked under `parent` (kNoNode: a first page), with the current
+  // recency, in the leaf LRU.
   uint32_t NewNode(const HashKey& key, uint32_t parent, uint32_t rank,
                    uint32_t row);
   // Sets the node's recency, keeping its LRU set entries keyed by it.
@@ -511,23 +443,25 @@ class PrefixIndex {
   void RemoveLeaf(uint32_t id);
   // Frees every rank's snapshot row of the node (the node stays).
   void RemoveSnapshot(uint32_t id);
-  // RemoveLeaf / RemoveSnapshot, counted as evictions.
-  void EvictLeaf(uint32_t id);
-  void EvictSnapshot(uint32_t id);
-  // Whether, without the node's snapshot, resuming anywhere in the tree
-  // still replays at most max_replay_tokens_ (bounded search; "no" when the
-  // bound is hit).
-  bool SnapshotRedundant(uint32_t id) const;
+
   // Key comparison over hash_bytes_ bytes (constant sizes: inlined compares).
   bool KeyEquals(const HashKey& a, const HashKey& b) const {
     return hash_bytes_ == 32
                ? std::memcmp(a.bytes.data(), b.bytes.data(), 32) == 0
                : std::memcmp(a.bytes.data(), b.bytes.data(), 16) == 0;
   }
+  // The key's significant bytes, for hashing and per-call maps.
+  absl::string_view KeyBytes(const HashKey& key) const {
+    return absl::string_view(reinterpret_cast<const char*>(key.bytes.data()),
+                             hash_bytes_);
+  }
   // The key with the bytes beyond hash_bytes_ zeroed.
   HashKey Normalize(const HashKey& key) const;
   // The node holding `key`, or kNoNode.
-  uint32_t FindNode(const HashKey& key) const;
+  uint32_t FindNode(const HashKey& key) const {
+    auto it = by_key_.find(key);
+    return it == by_key_.end() ? kNoNode : *it;
+  }
   // Advances the logical clock and samples the wall clock.
   void Tick();
 
@@ -539,11 +473,9 @@ class PrefixIndex {
   const bool hybrid_;
   const uint32_t max_replay_tokens_;
 
-  // Mutable state (guarded by the owner's mutex).
+  // Mutable state (guarded by the owner's lock, as the file comment says).
   mutable size_t container_bytes_ = 0;  // Counted by CountingAllocator.
-  std::vector<Chunk> chunks_;
-  uint32_t next_unused_ = 0;  // Ids below it are live or on the free list.
-  uint32_t free_nodes_ = kNoNode;
+  NodePool node_pool_;
   RowPool pages_, snapshots_;
   NodeSet by_key_;
   LruSet leaf_lru_;      // (tick, id) of childless, unpinned nodes.
@@ -555,6 +487,28 @@ class PrefixIndex {
   uint64_t evicted_pages_ = 0, evicted_snapshots_ = 0;
   uint64_t spacing_violations_ = 0;
 };
+
+// ------------------------------------------------------------ functors --
+
+inline size_t PrefixIndex::NodeHash::operator()(const HashKey& key) const {
+  // Keys come from clients: a per-process seeded hash over the whole key keeps
+  // crafted keys from colliding on purpose.
+  return absl::Hash<absl::string_view>{}(index->KeyBytes(key));
+}
+inline size_t PrefixIndex::NodeHash::operator()(uint32_t id) const {
+  return (*this)(index->N(id).key);
+}
+inline bool PrefixIndex::NodeEq::operator()(uint32_t a, uint32_t b) const {
+  return a == b;
+}
+inline bool PrefixIndex::NodeEq::operator()(uint32_t a,
+                                            const HashKey& b) const {
+  return index->KeyEquals(index->N(a).key, b);
+}
+inline bool PrefixIndex::NodeEq::operator()(const HashKey& a,
+                                            uint32_t b) const {
+  return index->KeyEquals(a, index->N(b).key);
+}
 
 }  // namespace kvtier::daemon
 

@@ -1,5 +1,10 @@
-// PrefixIndex: row allocation, which decides before it evicts (see
-// AllocateRows in daemon/prefix_index.h).
+// PrefixIndex (daemon/prefix_index.h): row allocation, which decides before
+// it evicts (see AllocateRows there) and then evicts through
+// prefix_index_evict.cc; freeing and claiming rows; ReserveNodes.
+//
+// Thread-safety: as the header says. The public functions here change the
+// index and need exclusive access; the Pinned* / ProtectedPageRows counts
+// only read.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -8,13 +13,12 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
 #include "daemon/prefix_index.h"
+#include "daemon/row_pool.h"
 
 namespace kvtier::daemon {
 namespace {
-
-// AllocateSnapshotRows looks this far into the LRU for redundant snapshots.
-constexpr size_t kRedundancyScan = 64;
 
 // One bank's shortfall, for RESOURCE_EXHAUSTED.
 std::string Shortfall(const char* bank, uint32_t rank, uint64_t need,
@@ -61,98 +65,54 @@ uint64_t PrefixIndex::PinnedSnapshotRows(uint32_t rank) const {
   return rows;
 }
 
-bool PrefixIndex::EvictLeavesFor(uint32_t rank, uint32_t n) {
-  const std::vector<uint32_t>& stack = pages_.free[rank];
-  while (stack.size() < n && !leaf_lru_.empty()) {
-    EvictLeaf(leaf_lru_.begin()->second);
-  }
-  return stack.size() >= n;
-}
-
-bool PrefixIndex::EvictSnapshotsFor(uint32_t rank, uint32_t n) {
-  const std::vector<uint32_t>& stack = snapshots_.free[rank];
-  // Only snapshots holding a row of `rank` help; the others are skipped.
-  if (stack.size() < n && max_replay_tokens_ > 0) {
-    size_t scanned = 0;
-    auto it = snapshot_lru_.begin();
-    while (stack.size() < n && it != snapshot_lru_.end() &&
-           scanned < kRedundancyScan) {
-      const auto key = *it;
-      ++scanned;
-      if (SnapshotRow(key.second, rank) == kNoRow) {
-        ++it;
-        continue;
-      }
-      if (SnapshotRedundant(key.second)) {
-        EvictSnapshot(key.second);
-        it = snapshot_lru_.upper_bound(key);
-      } else {
-        ++it;
-      }
-    }
-  }
-  auto it = snapshot_lru_.begin();
-  while (stack.size() < n && it != snapshot_lru_.end()) {
-    const auto key = *it;
-    if (SnapshotRow(key.second, rank) == kNoRow) {
-      ++it;
-      continue;
-    }
-    if (max_replay_tokens_ > 0 && !SnapshotRedundant(key.second)) {
-      ++spacing_violations_;
-    }
-    EvictSnapshot(key.second);
-    it = snapshot_lru_.upper_bound(key);
-  }
-  return stack.size() >= n;
-}
-
 absl::StatusOr<PrefixIndex::AllocatedRows> PrefixIndex::AllocateRows(
     uint32_t rank, uint32_t pages, uint32_t snapshots) {
   if (absl::Status s = ValidateRank(rank); !s.ok()) return s;
-  if (pages > pages_.rows_per_rank) {
+  if (pages > pages_.rows_per_rank()) {
     return absl::InvalidArgumentError(
         absl::StrCat("pages: ", pages, " page rows exceed the bank's ",
-                     pages_.rows_per_rank, " rows per rank"));
+                     pages_.rows_per_rank(), " rows per rank"));
   }
   if (snapshots > 0 && !hybrid_) {
     return absl::FailedPreconditionError(
         "snapshot rows: the namespace is not hybrid (snapshot_rows is 0)");
   }
-  if (snapshots > snapshots_.rows_per_rank) {
+  if (snapshots > snapshots_.rows_per_rank()) {
     return absl::InvalidArgumentError(
         absl::StrCat("snapshots: ", snapshots, " snapshot rows exceed the ",
-                     "bank's ", snapshots_.rows_per_rank, " rows per rank"));
+                     "bank's ", snapshots_.rows_per_rank(), " rows per rank"));
   }
 
   // Decide, changing nothing. The banks are independent: leaf eviction
   // frees only snapshot rows that snapshot eviction could free too.
   std::string refused;
-  const uint64_t free_pages = pages_.free[rank].size();
+  const uint64_t free_pages = pages_.free_rows(rank);
   if (free_pages < pages) {
     const uint64_t need = pages - free_pages;
-    const uint64_t committed = pages_.committed[rank];
+    const uint64_t committed = pages_.committed_rows(rank);
     // Cheap first: pins protect at most sum(depth + 1) nodes.
     const uint64_t bound = std::min(PinnedPathBound(), committed);
     if (committed - bound < need) {
       const uint64_t held = ProtectedPageRows(rank);
       if (committed - held < need) {
-        refused = Shortfall(
-            "page rows", rank, pages, free_pages, committed - held, held,
-            "held by pinned nodes and their ancestors", pages_.allocated[rank]);
+        refused =
+            Shortfall("page rows", rank, pages, free_pages, committed - held,
+                      held, "held by pinned nodes and their ancestors",
+                      pages_.allocated_rows(rank));
       }
     }
   }
   const uint64_t free_snapshots =
-      hybrid_ ? snapshots_.free[rank].size() : uint64_t{0};
+      hybrid_ ? snapshots_.free_rows(rank) : uint64_t{0};
   if (free_snapshots < snapshots) {
-    const uint64_t committed = snapshots_.committed[rank];
+    const uint64_t committed = snapshots_.committed_rows(rank);
     const uint64_t held = PinnedSnapshotRows(rank);
     if (free_snapshots + (committed - held) < snapshots) {
-      absl::StrAppend(&refused, refused.empty() ? "" : "; ",
-                      Shortfall("snapshot rows", rank, snapshots,
-                                free_snapshots, committed - held, held,
-                                "on pinned nodes", snapshots_.allocated[rank]));
+      absl::StrAppend(
+          &refused, refused.empty() ? "" : "; ",
+          Shortfall("snapshot rows", rank, snapshots, free_snapshots,
+                    committed - held, held, "on pinned nodes",
+                    snapshots_.allocated_rows(rank)));
     }
   }
   if (!refused.empty()) {
@@ -168,13 +128,13 @@ absl::StatusOr<PrefixIndex::AllocatedRows> PrefixIndex::AllocateRows(
     // can evict; reaching here is a bug.
     return absl::InternalError(absl::StrCat(
         "rank ", rank, ": eviction freed fewer rows than computed (",
-        pages_.free[rank].size(), " of ", pages, " page rows, ",
-        hybrid_ ? snapshots_.free[rank].size() : 0, " of ", snapshots,
+        pages_.free_rows(rank), " of ", pages, " page rows, ",
+        hybrid_ ? snapshots_.free_rows(rank) : 0, " of ", snapshots,
         " snapshot rows)"));
   }
   AllocatedRows out;
-  out.page_rows = TakeRows(pages_, rank, pages);
-  if (snapshots > 0) out.snapshot_rows = TakeRows(snapshots_, rank, snapshots);
+  out.page_rows = pages_.Take(rank, pages);
+  if (snapshots > 0) out.snapshot_rows = snapshots_.Take(rank, snapshots);
   return out;
 }
 
@@ -195,5 +155,38 @@ absl::StatusOr<std::vector<uint32_t>> PrefixIndex::AllocateSnapshotRows(
   if (!rows.ok()) return rows.status();
   return std::move(rows->snapshot_rows);
 }
+
+// ------------------------------------------------------ free and claim --
+
+absl::Status PrefixIndex::FreePageRows(uint32_t rank,
+                                       absl::Span<const uint32_t> rows) {
+  if (absl::Status s = ValidateRank(rank); !s.ok()) return s;
+  return pages_.Free(rank, rows, "page");
+}
+
+absl::Status PrefixIndex::FreeSnapshotRows(uint32_t rank,
+                                           absl::Span<const uint32_t> rows) {
+  if (absl::Status s = ValidateRank(rank); !s.ok()) return s;
+  return snapshots_.Free(rank, rows, "snapshot");
+}
+
+absl::Status PrefixIndex::ClaimPageRows(uint32_t rank,
+                                        absl::Span<const uint32_t> rows) {
+  if (absl::Status s = ValidateRank(rank); !s.ok()) return s;
+  return pages_.Claim(rank, rows, "page");
+}
+
+absl::Status PrefixIndex::ClaimSnapshotRows(uint32_t rank,
+                                            absl::Span<const uint32_t> rows) {
+  if (rows.empty()) return absl::OkStatus();
+  if (!hybrid_) {
+    return absl::FailedPreconditionError(
+        "snapshot rows: the namespace is not hybrid (snapshot_rows is 0)");
+  }
+  if (absl::Status s = ValidateRank(rank); !s.ok()) return s;
+  return snapshots_.Claim(rank, rows, "snapshot");
+}
+
+void PrefixIndex::ReserveNodes(size_t nodes) { by_key_.reserve(nodes); }
 
 }  // namespace kvtier::daemon

@@ -4,7 +4,9 @@
 // model these implement is docs/operations.md, "Security model".
 //
 // Thread-safety: thread-safe (part of TierCore); CheckNamespaceRight takes
-// mu_ as a reader, so callers must not hold it.
+// mu_ as a reader, so callers must not hold it. A request over many
+// namespaces (Stats) reads its caller's credentials once (CallerPeerLocked)
+// and checks each namespace with CheckRight, which takes no lock.
 #include <string>
 
 #include "absl/status/status.h"
@@ -17,17 +19,30 @@ absl::Status TierCore::CheckNamespaceRight(const Caller& caller,
                                            absl::string_view name,
                                            absl::string_view right) {
   if (caller.operator_socket) return absl::OkStatus();
-  const NamespaceAclEntry* acl = options_.namespace_acl.Find(name);
   PeerInfo peer;
   if (caller.session_id != 0) {
     absl::ReaderMutexLock lock(&mu_);
-    auto it = sessions_.find(caller.session_id);
-    if (it == sessions_.end()) {
-      return absl::NotFoundError(
-          absl::StrCat("session_id: no open session ", caller.session_id));
-    }
-    peer = it->second.peer;
+    absl::StatusOr<PeerInfo> bound = CallerPeerLocked(caller);
+    if (!bound.ok()) return bound.status();
+    peer = *bound;
   }
+  return CheckRight(caller, peer, name, right);
+}
+
+absl::StatusOr<PeerInfo> TierCore::CallerPeerLocked(const Caller& caller) {
+  if (caller.session_id == 0) return PeerInfo{};
+  auto it = sessions_.find(caller.session_id);
+  if (it == sessions_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("session_id: no open session ", caller.session_id));
+  }
+  return it->second.peer;
+}
+
+absl::Status TierCore::CheckRight(const Caller& caller, const PeerInfo& peer,
+                                  absl::string_view name,
+                                  absl::string_view right) const {
+  const NamespaceAclEntry* acl = options_.namespace_acl.Find(name);
   // A namespace no entry governs is open to every session, as at Attach.
   if (acl == nullptr) return absl::OkStatus();
   if (peer.verified && acl->Allows(peer)) return absl::OkStatus();

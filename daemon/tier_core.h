@@ -317,6 +317,18 @@ class TierCore {
                                                      uint32_t* rank)
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // ---- rights (tier_access.cc) ----
+  // The credentials that decide an engine-socket caller's rights: its
+  // session's bound peer (none for a caller without a session). NOT_FOUND
+  // for an unknown session.
+  absl::StatusOr<PeerInfo> CallerPeerLocked(const Caller& caller)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // CheckNamespaceRight of an engine-socket `caller` whose credentials are
+  // `peer` (CallerPeerLocked's).
+  absl::Status CheckRight(const Caller& caller, const PeerInfo& peer,
+                          absl::string_view name,
+                          absl::string_view right) const;
+
   // ---- namespace creation (tier_create.cc) ----
   struct PendingName;    // tier_create.cc
   struct NamespacePlan;  // tier_create.cc

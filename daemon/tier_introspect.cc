@@ -95,29 +95,31 @@ void TierCore::FillNamespaceInfo(Namespace& ns, v1::NamespaceInfo* info) {
 absl::Status TierCore::Stats(const v1::StatsRequest& req,
                              v1::StatsResponse* resp, const Caller& caller) {
   if (absl::Status s = CheckApiVersion(req.api_version()); !s.ok()) return s;
+  const Caller who = caller.WithSession(req.session_id());
   std::vector<std::shared_ptr<Namespace>> all;
+  absl::StatusOr<PeerInfo> peer = PeerInfo{};  // An engine's, read once.
   {
     absl::ReaderMutexLock lock(&mu_);
     resp->set_sessions(sessions_.size());
     for (const auto& [name, ns] : by_name_) all.push_back(ns);
+    if (!who.operator_socket) peer = CallerPeerLocked(who);
   }
-  const Caller who = caller.WithSession(req.session_id());
-  if (!who.operator_socket) {
-    // An engine sees only the namespaces it may attach to.
-    std::erase_if(all, [&](const std::shared_ptr<Namespace>& ns) {
-      return !CheckNamespaceRight(who, ns->name, "list").ok();
-    });
-  }
+  // An engine sees only the namespaces it may attach to (an unknown
+  // session: none).
+  auto may_list = [&](absl::string_view name) {
+    return who.operator_socket ||
+           (peer.ok() && CheckRight(who, *peer, name, "list").ok());
+  };
+  std::erase_if(all, [&](const std::shared_ptr<Namespace>& ns) {
+    return !may_list(ns->name);
+  });
   std::sort(all.begin(), all.end(),
             [](const auto& a, const auto& b) { return a->name < b->name; });
   resp->set_version(KVTIER_VERSION);
   resp->set_uptime_seconds(absl::ToInt64Seconds(absl::Now() - started_));
   resp->set_instances(static_cast<uint32_t>(fence_->instances()));
   for (const Unrecoverable& u : UnrecoverableNamespaces()) {
-    if (!who.operator_socket &&
-        !CheckNamespaceRight(who, u.name, "list").ok()) {
-      continue;
-    }
+    if (!may_list(u.name)) continue;
     v1::UnrecoverableNamespace* out = resp->add_unrecoverable();
     out->set_name(u.name);
     out->set_reason(u.reason);

@@ -22,9 +22,10 @@
 // pending, so no new namespace of that name creates files the drop would
 // then remove.
 //
-// Sessions are looked up again after a creation: one that closed meanwhile
-// gets NOT_FOUND, and the namespace it made stays, with no session
-// attached (as if made by CreateNamespace); Drop removes it as any other.
+// Attach (tier_attach.cc) looks its session up again after a creation: one
+// that closed meanwhile gets NOT_FOUND, and the namespace it made stays,
+// with no session attached (as if made by CreateNamespace); Drop removes it
+// as any other.
 //
 // Thread-safety: thread-safe (part of TierCore; lock order in tier_core.h).
 #include <sys/types.h>

@@ -1,356 +1,20 @@
-// TierCore's namespace lifecycle: creation (Attach, CreateNamespace and
-// Recover's reopening), attaching sessions, and Drop.
-//
-// Creating a namespace populates its banks (tens of seconds for 64 GiB on
-// 4 KiB pages) and writes its journal's first checkpoint; none of that
-// happens under TierCore::mu_, which every request (and the watchdog's
-// Stats) takes:
-//  1. Under mu_, the request is validated completely and sized, and the
-//     name is reserved with a PendingName in pending_. It counts against
-//     --max_namespaces, and the creator's --uid_budget_bytes charge is
-//     taken now, so two creations cannot both fit where only one does.
-//  2. mu_ is released; BuildNamespace makes index, segments and journal.
-//     A failure unlinks the segments that this creation made.
-//  3. mu_ is retaken: the namespace is published in by_name_ and by_id_,
-//     or, on failure, the charge is refunded. The PendingName goes, marked
-//     done with the outcome.
-// A request for a pending name (Attach, CreateNamespace, Drop) waits with
-// mu_.Await, which releases mu_, then looks again: it finds the namespace,
-// or returns the failed creation's error (Attach, CreateNamespace). Drop
-// works the same way round: the namespace leaves the maps under mu_, and its
-// journal and segments are unlinked with mu_ released while the name is
-// pending, so no new namespace of that name creates files the drop would
-// then remove.
-//
-// Sessions are looked up again after a creation: one that closed meanwhile
-// gets NOT_FOUND, and the namespace it made stays, with no session
-// attached (as if made by CreateNamespace); Drop removes it as any other.
+// TierCore's Attach, which joins a session to a namespace (creating it
+// through tier_create.cc), and Drop, which removes a prefix subtree or a
+// whole namespace: it leaves the maps under mu_, and its journal and
+// segments are unlinked with mu_ released while its name is pending.
 //
 // Thread-safety: thread-safe (part of TierCore; lock order in tier_core.h).
-#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/error_reason.h"
 #include "daemon/tier_core.h"
-#include "daemon/tier_namespace.h"
+#include "daemon/tier_request.h"
 #include "spdlog/spdlog.h"
 
 namespace kvtier::daemon {
-namespace {
-
-uint64_t RoundUp16(uint64_t n) { return (n + 15) & ~uint64_t{15}; }
-
-// Gives back `bytes` of uid `uid`'s --uid_budget_bytes charge.
-void Refund(absl::flat_hash_map<uid_t, uint64_t>& uid_bytes, uid_t uid,
-            uint64_t bytes) {
-  auto used = uid_bytes.find(uid);
-  if (used == uid_bytes.end()) return;
-  used->second -= std::min(used->second, bytes);
-  if (used->second == 0) uid_bytes.erase(used);
-}
-
-}  // namespace
-
-bool TierCore::WaitPendingLocked(const std::string& name,
-                                 absl::Status* failed) {
-  auto it = pending_.find(name);
-  if (it == pending_.end()) return false;
-  const std::shared_ptr<PendingName> pending = it->second;
-  Hook("namespace:wait");
-  mu_.Await(absl::Condition(&pending->done));
-  if (pending->kind == PendingName::Kind::kCreating && !pending->status.ok()) {
-    *failed = pending->status;
-  }
-  return true;
-}
-
-absl::StatusOr<std::shared_ptr<TierCore::Namespace>>
-TierCore::CreateOrOpenLocked(const std::string& name, const v1::Layout& raw,
-                             const v1::Capacity& capacity,
-                             const std::string& tenant_salt, bool* created,
-                             const PeerInfo* creator, bool recovering) {
-  *created = false;
-  if (absl::Status s = ValidateNamespaceName(name); !s.ok()) return s;
-  if (absl::Status s = ValidateLayout(raw); !s.ok()) return s;
-  if (tenant_salt.size() > kMaxTenantSalt) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tenant_salt: at most ", kMaxTenantSalt, " bytes, got ",
-                     tenant_salt.size()));
-  }
-  const v1::Layout layout = NormalizeLayout(raw);
-  for (;;) {
-    if (auto u = unrecoverable_.find(name);
-        u != unrecoverable_.end() && !recovering) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "namespace '", name, "' could not be recovered (", u->second.reason,
-          "); its journal and segments are kept and nothing is served from it",
-          u->second.corrupt ? "" : " until kvtierd can reopen it",
-          ": an operator may drop it (kvtierctl drop --force ", name, ")"));
-    }
-    if (auto it = by_name_.find(name); it != by_name_.end()) {
-      const std::string diff =
-          DescribeLayoutDifference(it->second->layout, layout);
-      if (!diff.empty()) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "namespace '", name, "' exists with a different layout: ", diff));
-      }
-      return it->second;
-    }
-    absl::Status failed;
-    if (!WaitPendingLocked(name, &failed)) break;
-    if (!failed.ok()) return failed;
-    if (recovering) {
-      // Only RetryUnrecoverable meets a pending name (Recover runs before
-      // any request): the name was dropped or changed meanwhile, and the
-      // journal read before may be gone. The next retry looks again.
-      return absl::AbortedError(absl::StrCat(
-          "namespace '", name, "' was dropped or created meanwhile"));
-    }
-  }
-
-  NamespacePlan plan;
-  if (absl::Status s =
-          PlanNamespaceLocked(name, layout, capacity, creator, &plan);
-      !s.ok()) {
-    return s;
-  }
-  plan.recovering = recovering;
-  auto pending = std::make_shared<PendingName>();
-  pending_[name] = pending;
-  if (plan.charged) uid_bytes_[plan.creator_uid] += plan.bank_bytes;
-
-  mu_.Unlock();
-  absl::StatusOr<std::shared_ptr<Namespace>> ns = BuildNamespace(plan);
-  mu_.Lock();
-
-  pending_.erase(name);
-  pending->done = true;
-  if (!ns.ok()) {
-    if (plan.charged) Refund(uid_bytes_, plan.creator_uid, plan.bank_bytes);
-    pending->status = ns.status();
-    return ns.status();
-  }
-  by_name_[name] = *ns;
-  by_id_[(*ns)->id] = *ns;
-  *created = true;
-  return ns;
-}
-
-absl::Status TierCore::PlanNamespaceLocked(const std::string& name,
-                                           const v1::Layout& layout,
-                                           const v1::Capacity& capacity,
-                                           const PeerInfo* creator,
-                                           NamespacePlan* plan) {
-  const size_t creating = static_cast<size_t>(
-      std::count_if(pending_.begin(), pending_.end(), [](const auto& p) {
-        return p.second->kind == PendingName::Kind::kCreating;
-      }));
-  if (by_name_.size() + creating >= options_.max_namespaces) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "namespace '", name, "': the daemon already holds ",
-        by_name_.size() + creating, " namespaces (--max_namespaces)"));
-  }
-
-  const bool hybrid = layout.snapshot_row_bytes() > 0;
-  const uint32_t stored_ranks = layout.replicated() ? 1 : layout.tp_size();
-  uint64_t page_stride = 0;
-  for (const auto& b : layout.page_banks())
-    page_stride += RoundUp16(b.row_bytes());
-  const uint64_t snap_stride = RoundUp16(layout.snapshot_row_bytes());
-  if (!hybrid && capacity.snapshot_rows() != 0) {
-    return absl::InvalidArgumentError(
-        "capacity.snapshot_rows: the layout has no snapshots "
-        "(snapshot_row_bytes is 0)");
-  }
-  const uint64_t per_rank_default = options_.default_namespace_bytes;
-  uint64_t snapshot_rows = capacity.snapshot_rows();
-  if (hybrid && snapshot_rows == 0) {
-    snapshot_rows = std::max<uint64_t>(
-        1, static_cast<uint64_t>(per_rank_default *
-                                 options_.default_snapshot_share) /
-               snap_stride);
-  }
-  uint64_t page_rows = capacity.page_rows();
-  if (page_rows == 0) {
-    const uint64_t used = snapshot_rows * snap_stride;
-    page_rows = std::max<uint64_t>(
-        1,
-        used < per_rank_default ? (per_rank_default - used) / page_stride : 0);
-  }
-  if (page_rows >= kNoRow || snapshot_rows >= kNoRow) {
-    return absl::InvalidArgumentError(
-        "capacity: at most 4,294,967,294 rows per bank");
-  }
-  const unsigned __int128 total =
-      static_cast<unsigned __int128>(stored_ranks) *
-      (static_cast<unsigned __int128>(page_rows) * page_stride +
-       static_cast<unsigned __int128>(snapshot_rows) * snap_stride);
-  if (total > options_.namespace_budget_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "capacity: namespace '", name, "' would take ",
-        static_cast<uint64_t>(total),
-        " bytes of banks, over the "
-        "per-namespace budget of ",
-        options_.namespace_budget_bytes, " bytes (--namespace_budget_bytes)"));
-  }
-  const bool charge =
-      creator != nullptr && creator->verified && options_.uid_budget_bytes > 0;
-  if (charge) {
-    auto used = uid_bytes_.find(creator->uid);
-    const uint64_t before = used == uid_bytes_.end() ? 0 : used->second;
-    if (before + total > options_.uid_budget_bytes) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "capacity: namespace '", name, "' would take ",
-          static_cast<uint64_t>(total), " bytes of banks; uid ", creator->uid,
-          "'s namespaces hold ", before, " of its ", options_.uid_budget_bytes,
-          " bytes (--uid_budget_bytes)"));
-    }
-  }
-  plan->name = name;
-  plan->layout = layout;
-  plan->stored_ranks = stored_ranks;
-  plan->page_rows = page_rows;
-  plan->snapshot_rows = snapshot_rows;
-  plan->max_replay_tokens = capacity.max_replay_tokens() != 0
-                                ? capacity.max_replay_tokens()
-                                : options_.default_max_replay_tokens;
-  plan->bank_bytes = static_cast<uint64_t>(total);
-  plan->charged = charge;
-  if (charge) plan->creator_uid = creator->uid;
-  // A namespace under an ACL naming a group keeps its segments in that
-  // group, so only the ACL's members can map them.
-  plan->segment_options = options_.segments;
-  if (const NamespaceAclEntry* acl = options_.namespace_acl.Find(name);
-      acl != nullptr && acl->segment_group().has_value()) {
-    plan->segment_options.group = *acl->segment_group();
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::shared_ptr<TierCore::Namespace>> TierCore::BuildNamespace(
-    const NamespacePlan& plan) {
-  const std::string& name = plan.name;
-  const v1::Layout& layout = plan.layout;
-  auto ns = std::make_shared<Namespace>();
-  ns->id = next_id_.fetch_add(1);
-  ns->name = name;
-  ns->layout = layout;
-  ns->fingerprint = LayoutFingerprint(layout);
-  ns->hash_bytes = HashBytes(layout.hash_kind());
-  ns->stored_ranks = plan.stored_ranks;
-  ns->page_rows = plan.page_rows;
-  ns->snapshot_rows = plan.snapshot_rows;
-  ns->max_replay_tokens = plan.max_replay_tokens;
-  ns->bank_bytes = plan.bank_bytes;
-  ns->charged = plan.charged;
-  ns->creator_uid = plan.creator_uid;
-
-  IndexConfig config;
-  config.hash_bytes = ns->hash_bytes;
-  config.tokens_per_page = layout.tokens_per_page();
-  config.tp_size = layout.tp_size();
-  config.replicated = layout.replicated();
-  config.page_rows = plan.page_rows;
-  config.snapshot_rows = plan.snapshot_rows;
-  config.max_replay_tokens = ns->max_replay_tokens;
-  auto index = PrefixIndex::Create(config);
-  if (!index.ok()) return index.status();
-
-  // A failure from here on unlinks the segments this creation made (never
-  // those it reopened, nor any while recovering: recovery destroys nothing).
-  std::vector<std::string> made;
-  auto fail = [&](absl::Status s) -> absl::Status {
-    if (!plan.recovering) {
-      for (const std::string& path : made) {
-        if (absl::Status u = shm::Segment::Unlink(path); !u.ok()) {
-          SPDLOG_WARN("namespace '{}': {}", name, u.ToString());
-        }
-      }
-    }
-    return s;
-  };
-  ns->segments.resize(plan.stored_ranks);
-  ns->segment_info.resize(plan.stored_ranks);
-  auto make_segment = [&](uint32_t rank, const std::string& bank, uint64_t rows,
-                          uint64_t row_bytes) -> absl::Status {
-    shm::SegmentSpec spec;
-    spec.file_name =
-        absl::StrCat(options_.segment_prefix, ".", name, ".", bank, ".r", rank);
-    spec.namespace_name = name;
-    spec.bank = bank;
-    spec.rank = rank;
-    spec.rows = rows;
-    spec.row_bytes = row_bytes;
-    spec.layout_fingerprint = ns->fingerprint;
-    auto seg = shm::Segment::Create(spec, plan.segment_options);
-    if (!seg.ok()) {
-      return absl::Status(seg.status().code(),
-                          absl::StrCat("bank '", bank, "' rank ", rank, ": ",
-                                       seg.status().message()));
-    }
-    auto owned = std::make_unique<shm::Segment>(*std::move(seg));
-    if (owned->created()) made.push_back(owned->path());
-    v1::Segment info;
-    info.set_bank(bank);
-    info.set_rank(rank);
-    info.set_path(owned->path());
-    info.set_rows(owned->rows());
-    info.set_row_bytes(owned->row_bytes());
-    info.set_row_stride(owned->row_stride());
-    info.set_data_offset(owned->data_offset());
-    info.set_file_bytes(owned->file_bytes());
-    info.set_huge_pages(owned->huge_pages());
-    SPDLOG_INFO("namespace '{}': bank '{}' rank {} {} ({} rows x {} B{})", name,
-                bank, rank, owned->created() ? "created" : "reopened", rows,
-                row_bytes, owned->huge_pages() ? ", 2 MiB pages" : "");
-    ns->segments[rank].push_back(std::move(owned));
-    ns->segment_info[rank].push_back(std::move(info));
-    return absl::OkStatus();
-  };
-  Hook("attach:populating");
-  for (uint32_t r = 0; r < plan.stored_ranks; ++r) {
-    for (const auto& b : layout.page_banks()) {
-      if (absl::Status s =
-              make_segment(r, b.name(), plan.page_rows, b.row_bytes());
-          !s.ok()) {
-        return fail(s);
-      }
-    }
-    if (ns->hybrid()) {
-      if (absl::Status s = make_segment(r, "snapshot", plan.snapshot_rows,
-                                        layout.snapshot_row_bytes());
-          !s.ok()) {
-        return fail(s);
-      }
-    }
-  }
-  // Unpublished: nobody else can reach ns->mu yet.
-  absl::MutexLock lock(&ns->mu);
-  ns->index = *std::move(index);
-  if (!options_.state_dir.empty() && !plan.recovering) {
-    auto journal = NamespaceJournal::Create(
-        JournalPath(options_.state_dir, name), ns->MakeJournalHeader(),
-        *ns->index, options_.journal);
-    if (!journal.ok()) {
-      return fail(absl::UnavailableError(absl::StrCat(
-          "namespace '", name, "': ", journal.status().message())));
-    }
-    ns->journal = *std::move(journal);
-  }
-  return ns;
-}
-
-absl::Status TierCore::CreateNamespace(const std::string& name,
-                                       const v1::Layout& layout,
-                                       const v1::Capacity& capacity) {
-  absl::MutexLock lock(&mu_);
-  bool created = false;
-  return CreateOrOpenLocked(name, layout, capacity, "", &created).status();
-}
 
 absl::Status TierCore::Attach(const v1::AttachRequest& req,
                               v1::AttachResponse* resp) {
@@ -462,8 +126,7 @@ absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
   }
   std::shared_ptr<Namespace> ns;
   std::unique_ptr<NamespaceJournal> journal;
-  auto pending = std::make_shared<PendingName>();
-  pending->kind = PendingName::Kind::kDropping;
+  std::shared_ptr<PendingName> pending;
   {
     absl::ReleasableMutexLock lock(&mu_);
     // A namespace being created is dropped once it is (or is not).
@@ -499,12 +162,10 @@ absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
       resp->set_dropped_pages(u.nodes);
       resp->set_dropped_snapshots(u.snapshots);
       for (const auto& [id, l] : ns->leases) {
-        if (l.device_lease != 0) {
-          (void)device_tiers_[l.device_pool]->Release(l.device_lease);
-        }
+        devices_.Release(l.device_pool, l.device_lease);
       }
       for (const auto& [id, r] : ns->reservations) {
-        AbortDeviceRows(r.device_pool, r.device_rows);
+        devices_.Abort(r.device_pool, r.device_rows);
       }
       // The segments are unlinked: whatever a fenced engine still writes
       // lands in files nobody maps again. Device-pool slots are shared by
@@ -539,9 +200,9 @@ absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
     }
     by_name_.erase(ns->name);
     by_id_.erase(ns->id);
-    if (ns->charged) Refund(uid_bytes_, ns->creator_uid, ns->bank_bytes);
+    if (ns->charged) RefundLocked(ns->creator_uid, ns->bank_bytes);
     // Until the files are gone, a new namespace of this name waits.
-    pending_[ns->name] = pending;
+    pending = StartPendingLocked(ns->name, /*creating=*/false);
   }
   Hook("drop:unlinking");
   // The journal goes first: a daemon killed between the two finds neither,
@@ -561,8 +222,7 @@ absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
   }
   {
     absl::MutexLock lock(&mu_);
-    pending_.erase(ns->name);
-    pending->done = true;
+    EndPendingLocked(ns->name, *pending);
   }
   SPDLOG_INFO("namespace '{}' dropped ({} pages)", ns->name,
               resp->dropped_pages());
@@ -572,13 +232,12 @@ absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
 absl::Status TierCore::DropPrefix(Namespace& ns, const HashKey& key,
                                   v1::DropResponse* resp) {
   absl::MutexLock ns_lock(&ns.mu);
-  ApplyPendingTouches(ns);
+  ns.ApplyPendingTouches();
   ++ns.evict_epoch;
   auto dropped = ns.index->DropSubtree(key);
   if (!dropped.ok()) return dropped.status();
   if (ns.journal != nullptr) {
-    if (absl::Status s = JournalLocked(ns, ns.journal->AppendDrop(key));
-        !s.ok()) {
+    if (absl::Status s = ns.Journal(ns.journal->AppendDrop(key)); !s.ok()) {
       return s;
     }
   }

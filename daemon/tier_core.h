@@ -15,7 +15,7 @@
 // inside the namespace's critical section, before the request is answered;
 // Recover rebuilds everything from the journals when the daemon starts.
 //
-// The fence (proto/kvtier/v1/tier.proto, "fence"; daemon/tier_fence.cc):
+// The fence (proto/kvtier/v1/tier.proto, "fence"; daemon/tier_fence*.cc):
 // what a session held when it ended while its process lives on, what a
 // reservation dropped with queued writes held, and after a restart every
 // row from before it, are kept as fence holds that no Reserve can take
@@ -24,9 +24,19 @@
 // Slow work stays outside TierCore::mu_, which every request takes: a
 // namespace's banks are created and populated, and its journal's first
 // checkpoint written, with mu_ released while the name is reserved
-// (tier_attach.cc); Drop removes journal and segments likewise. So Stats
+// (tier_create.cc); Drop removes journal and segments likewise. So Stats
 // (the systemd watchdog's probe) and the other namespaces' requests go on
 // while a large namespace is created.
+//
+// The implementation, one job a file: tier_core.cc (construction),
+// tier_session.cc (sessions), tier_create.cc (namespace creation),
+// tier_attach.cc (Attach, Drop), tier_lookup.cc (Lookup, Release),
+// tier_reserve.cc (Reserve, Abort), tier_commit.cc (Commit, AdoptMirror),
+// tier_introspect.cc (Stats, listings, Verify), tier_access.cc (rights),
+// tier_fence.cc (the Fence RPC), tier_fence_holds.cc (holds, sweeps),
+// tier_recovery.cc (Recover); TierNamespace (tier_namespace.h) is one
+// namespace, DeviceTiers (tier_device.h) the device pools, tier_request.h
+// the checks requests share, and TierOptions (tier_options.h) the options.
 //
 // Thread-safety: thread-safe. Lock order: TierCore::mu_, then one
 // Namespace::mu (never two namespaces at once), then the FenceRegistry's
@@ -50,71 +60,20 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/device_pool.h"
 #include "daemon/fence_registry.h"
 #include "daemon/journal.h"
-#include "daemon/namespace_layout.h"
 #include "daemon/peer_credentials.h"
 #include "daemon/prefix_index.h"
+#include "daemon/tier_device.h"
+#include "daemon/tier_namespace.h"
+#include "daemon/tier_options.h"
+#include "daemon/tier_reports.h"
 #include "kvtier/v1/tier.pb.h"
-#include "shm/segment.h"
 
 namespace kvtier::daemon {
-
-inline constexpr uint32_t kApiVersion = 1;
-inline constexpr uint32_t kMaxLookupPages = 1u << 20;
-inline constexpr uint32_t kMaxReservePages = 1u << 20;
-
-struct TierOptions {
-  shm::SegmentOptions segments;
-  // Segment files are named "<segment_prefix>.<namespace>.<bank>.r<rank>".
-  std::string segment_prefix = "kvtier";
-  // Bank bytes of a namespace whose Attach gives no capacity.
-  uint64_t default_namespace_bytes = 1ull << 30;
-  // Most bank bytes one namespace may hold (all banks, all ranks).
-  uint64_t namespace_budget_bytes = 64ull << 30;
-  // Share of default_namespace_bytes given to snapshots in hybrid namespaces.
-  double default_snapshot_share = 0.25;
-  uint32_t default_max_replay_tokens = 8192;
-  // Most namespaces at once.
-  uint32_t max_namespaces = 256;
-  // Isolation (see daemon/peer_credentials.h). Attach refuses sessions whose
-  // peer credentials are not bound (BindPeerCredentials) when set.
-  bool require_peer_credentials = false;
-  // Who may attach to which namespaces; a namespace it governs also gets
-  // the entry's first group on its segments.
-  NamespaceAcl namespace_acl;
-  // Most bank bytes the namespaces created by one uid may hold together
-  // (0: no limit). Charged at creation, refunded by Drop.
-  uint64_t uid_budget_bytes = 0;
-  // Folder of the namespace journals (daemon/journal.h), which Recover reads
-  // at start. Empty: no journal; a restarted daemon then reopens segments
-  // with an empty index.
-  std::string state_dir;
-  JournalOptions journal;
-  // The daemon's device pools (daemon/device_pool.h); empty unless kvtierd
-  // --device_pool_bytes > 0. Their owner (kvtierd's main) outlives the
-  // TierCore. Their handles go only to sessions attached to a namespace
-  // matching device_pool_namespaces (patterns as in --namespace_acl: a
-  // name, or a prefix and '*'; empty: every namespace).
-  std::vector<DevicePoolExport> device_pools;
-  std::vector<std::string> device_pool_namespaces;
-  // The fence protocol's policy (daemon/fence_registry.h).
-  FenceOptions fence;
-  // A corrupt journal (JournalContents::corrupt): false keeps its
-  // namespace unrecoverable until an operator drops it; true reopens it
-  // empty (kvtierd --corrupt_journal=refuse|empty).
-  bool corrupt_journal_empty = false;
-  // Per session and namespace: most open reservations, pinned leases and
-  // rows (page + snapshot) reserved at once; 0: no cap. Past one, Reserve
-  // or the pin is RESOURCE_EXHAUSTED naming the cap, before anything is
-  // allocated or evicted.
-  uint32_t max_session_reservations = 4096;
-  uint32_t max_session_leases = 1u << 16;
-  uint64_t max_session_reserved_rows = 0;
-};
 
 // Who makes an introspection or drop request (daemon/tier_access.cc).
 struct Caller {
@@ -133,12 +92,25 @@ struct Caller {
   }
 };
 
+// A session id is the capability of every RPC of its session: logs name a
+// session by this tag (its low 16 bits), never by the whole id.
+inline std::string SessionTag(uint64_t session_id) {
+  return absl::StrFormat("s-%04x", session_id & 0xffff);
+}
+
 class TierCore {
  public:
   explicit TierCore(TierOptions options);
   ~TierCore();
   TierCore(const TierCore&) = delete;
   TierCore& operator=(const TierCore&) = delete;
+
+  // The plain data it reports beside the RPCs' responses (tier_reports.h).
+  using LookupOutcome = TierLookupOutcome;  // Lookup's, without protobuf.
+  using FenceCounters = TierFenceCounters;
+  using RecoveryReport = TierRecoveryReport;
+  using Unrecoverable = TierUnrecoverable;
+  using NamespaceCounters = TierNamespaceCounters;
 
   // Opens a session for an engine process and returns its id (non-zero,
   // unguessable). Its pins and reservations live until CloseSession.
@@ -162,7 +134,7 @@ class TierCore {
   // Frees the holds of instances that are gone and lifts restart fences
   // whose waiting processes all resolved. Returns the holds freed.
   // kvtierd runs it from the sweeper (StartFenceSweeper); tests call it.
-  size_t SweepFences();
+  size_t SweepFences() ABSL_LOCKS_EXCLUDED(mu_);
   // Runs SweepFences every `period` on a thread until destruction.
   void StartFenceSweeper(absl::Duration period);
 
@@ -180,26 +152,15 @@ class TierCore {
   absl::Status Lookup(const v1::LookupRequest& request,
                       v1::LookupResponse* response);
 
-  // Lookup's answer without protobuf: the fast lookup path uses it.
-  struct LookupOutcome {
-    uint32_t matched_pages = 0;
-    uint32_t usable_pages = 0;
-    std::vector<uint32_t> rows;
-    bool has_snapshot = false;
-    uint32_t snapshot_row = 0;
-    uint64_t lease_id = 0;
-    // The snapshot at usable_pages-1 is also in the requested device pool.
-    bool has_device_snapshot = false;
-    uint32_t device_snapshot_row = 0;
-  };
   // Lookup over packed `hashes`, with the same checks and effects.
   // `device_pool` >= 0 (REQUIRES: below the number of device pools) also
   // consults that pool's device tier, pinning its slot under the lease.
   absl::Status LookupHashes(uint64_t session_id, uint64_t namespace_id,
                             absl::string_view hashes, bool pin,
-                            LookupOutcome* out, int device_pool = -1);
+                            LookupOutcome* out, int device_pool = -1)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // True when `session_id` is an open session.
-  bool SessionOpen(uint64_t session_id);
+  bool SessionOpen(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Binds the kernel's record of the session's peer (SO_PEERCRED of a
   // connection that presented the session id) to the session. Idempotent
   // for the same uid and gid; PERMISSION_DENIED when the session is bound to
@@ -216,7 +177,8 @@ class TierCore {
   // allocated rows and commits those under the hashes. The mirror
   // reservation is unchanged. Nothing goes through a GPU.
   absl::Status AdoptMirror(const v1::CommitRequest& request,
-                           v1::CommitResponse* response);
+                           v1::CommitResponse* response)
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status Abort(const v1::AbortRequest& request,
                      v1::AbortResponse* response);
   absl::Status Release(const v1::ReleaseRequest& request,
@@ -235,7 +197,8 @@ class TierCore {
   absl::Status Drop(const v1::DropRequest& request, v1::DropResponse* response,
                     const Caller& caller = {});
   absl::Status Stats(const v1::StatsRequest& request,
-                     v1::StatsResponse* response, const Caller& caller = {});
+                     v1::StatsResponse* response, const Caller& caller = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ListNamespaces(const v1::ListNamespacesRequest& request,
                               v1::ListNamespacesResponse* response,
                               const Caller& caller = {});
@@ -258,10 +221,13 @@ class TierCore {
   // PERMISSION_DENIED naming the right, the uid and the operator socket;
   // NOT_FOUND for an unknown session.
   absl::Status CheckNamespaceRight(const Caller& caller, absl::string_view name,
-                                   absl::string_view right);
+                                   absl::string_view right)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // True when device pool `pool` serves namespace `name`
   // (device_pool_namespaces).
-  bool PoolServes(uint32_t pool, absl::string_view name) const;
+  bool PoolServes(uint32_t pool, absl::string_view name) const {
+    return devices_.Serves(pool, name);
+  }
 
   // Creates a namespace with no session attached (the daemon's --demo
   // namespace). Same validation as Attach; OK when it exists with that
@@ -274,7 +240,7 @@ class TierCore {
   // reserved or committed, never two of them; reservations and leases belong
   // to live sessions. Returns INTERNAL naming the first violation. With
   // `pace`, waits after each namespace as long as its check took.
-  absl::Status CheckInvariants(bool pace = false);
+  absl::Status CheckInvariants(bool pace = false) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Number of live sessions.
   size_t session_count();
@@ -293,37 +259,8 @@ class TierCore {
   }
 
   // The fence's figures for Stats and the metrics.
-  struct FenceCounters {
-    uint64_t holds = 0;
-    uint64_t fenced_page_rows = 0;  // Held allocated (not reusable).
-    uint64_t fenced_snapshot_rows = 0;
-    uint64_t pinned_pages = 0;  // Committed pages kept from eviction.
-    uint32_t restart_waiting = 0;
-    uint32_t instances = 0;
-    uint32_t unseen_pid_sessions = 0;
-    uint64_t released_confirmed = 0;  // Holds freed: holder confirmed.
-    uint64_t released_gone = 0;       // Holds freed: holder gone.
-    uint64_t restart_fences_lifted = 0;
-    uint64_t report_mismatches = 0;  // Reported items nothing matched.
-  };
   FenceCounters GetFenceCounters();
 
-  struct RecoveryReport {
-    uint32_t namespaces = 0;  // Reopened from their journals.
-    // Of them, reopened empty: a segment was missing or recreated since its
-    // journal was written, so their pages cannot be vouched for.
-    uint32_t namespaces_emptied = 0;
-    uint32_t journals_unreadable = 0;  // No usable header (kept).
-    uint32_t journals_torn = 0;        // Replayed up to a torn record.
-    uint32_t journals_corrupt = 0;     // A bad record before the end.
-    // Kept, journal and segments, and not served: see Unrecoverable.
-    uint32_t namespaces_unrecoverable = 0;
-    uint64_t pages = 0;          // Page rows restored (all ranks).
-    uint64_t journal_bytes = 0;  // Read.
-    // Temporary segment files of killed creators removed (segment_cleanup.h).
-    uint32_t temp_segments_removed = 0;
-    absl::Duration elapsed;
-  };
   // Rebuilds the namespaces recorded in options.state_dir: reopens their
   // segments, checks each segment's content nonce against the journal,
   // replays the journal into the index, and writes a fresh checkpoint.
@@ -343,32 +280,19 @@ class TierCore {
   // (shm/segment_cleanup.h). REQUIRES: called once, before any session
   // opens. With no state_dir it does nothing more.
   absl::StatusOr<RecoveryReport> Recover();
-  struct Unrecoverable {
-    std::string name;
-    std::string reason;
-    bool corrupt = false;  // Only an operator's Drop ends it.
-    absl::Time since;
-  };
-  std::vector<Unrecoverable> UnrecoverableNamespaces();
+  // The namespaces kept but not served, sorted by name.
+  std::vector<Unrecoverable> UnrecoverableNamespaces() ABSL_LOCKS_EXCLUDED(mu_);
   // Tries to reopen the unrecoverable namespaces that are not corrupt;
   // returns how many came back. The sweeper calls it every 10 s.
-  size_t RetryUnrecoverable();
+  size_t RetryUnrecoverable() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Counters beside Stats that the metrics exporter reads at scrape time.
-  struct NamespaceCounters {
-    std::string name;
-    uint64_t committed_snapshots = 0;  // Snapshot rows made visible.
-    uint64_t snapshot_hits = 0;        // Lookups answered with a snapshot.
-    uint64_t dropped_pages = 0;        // Removed by Drop of a prefix subtree.
-    uint64_t dropped_snapshots = 0;    // Of them, pages holding a snapshot.
-    uint64_t spacing_violations = 0;   // PrefixIndex::Usage's.
-  };
-  // One entry per namespace, sorted by name; each counter only grows while
+  // Counters beside Stats that the metrics exporter reads at scrape time:
+  // one entry per namespace, sorted by name; each counter only grows while
   // its namespace lives.
   std::vector<NamespaceCounters> Counters();
 
  private:
-  struct Namespace;
+  using Namespace = TierNamespace;
   struct Session {
     uint64_t id = 0;
     uint32_t fence_version = 0;
@@ -379,17 +303,43 @@ class TierCore {
     absl::flat_hash_map<uint64_t, uint32_t> attached;
   };
 
-  struct PendingName;    // tier_namespace.h
-  struct NamespacePlan;  // tier_namespace.h
+  // Calls the test hook (SetTestHook), if any, at `point`.
+  void Hook(const char* point) {
+    if (test_hook_) test_hook_(point);
+  }
 
-  // Returns the namespace `name`, creating it when it does not exist
-  // (tier_attach.cc). `creator`: the attaching session's peer, charged for a
-  // namespace this creates under --uid_budget_bytes when verified (nullptr:
-  // nobody). `recovering`: Recover reopens it from its journal (no
-  // unrecoverable check, no journal written). Returns with mu_ held and the
-  // namespace published, but RELEASES mu_ meanwhile (while it waits for a
-  // pending name, and while it creates segments and journal): the caller
-  // must look up again anything it found under mu_ before the call.
+  // ---- sessions (tier_session.cc) ----
+  // Resolves (session, namespace) of a request to the namespace and the
+  // session's storage rank there.
+  absl::StatusOr<std::shared_ptr<Namespace>> Resolve(uint32_t api_version,
+                                                     uint64_t session_id,
+                                                     uint64_t namespace_id,
+                                                     uint32_t* rank)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- rights (tier_access.cc) ----
+  // The credentials that decide an engine-socket caller's rights: its
+  // session's bound peer (none for a caller without a session). NOT_FOUND
+  // for an unknown session.
+  absl::StatusOr<PeerInfo> CallerPeerLocked(const Caller& caller)
+      ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // CheckNamespaceRight of an engine-socket `caller` whose credentials are
+  // `peer` (CallerPeerLocked's).
+  absl::Status CheckRight(const Caller& caller, const PeerInfo& peer,
+                          absl::string_view name,
+                          absl::string_view right) const;
+
+  // ---- namespace creation (tier_create.cc) ----
+  struct PendingName;    // tier_create.cc
+  struct NamespacePlan;  // tier_create.cc
+  // Returns the namespace `name`, creating it when it does not exist.
+  // `creator`: the attaching session's peer, charged for a namespace this
+  // creates under --uid_budget_bytes when verified (nullptr: nobody).
+  // `recovering`: Recover reopens it from its journal (no unrecoverable
+  // check, no journal written). Returns with mu_ held and the namespace
+  // published, but RELEASES mu_ meanwhile (while it waits for a pending
+  // name, and while it creates segments and journal): the caller must look
+  // up again anything it found under mu_ before the call.
   absl::StatusOr<std::shared_ptr<Namespace>> CreateOrOpenLocked(
       const std::string& name, const v1::Layout& layout,
       const v1::Capacity& capacity, const std::string& tenant_salt,
@@ -406,43 +356,46 @@ class TierCore {
   // created (not recovering) and returns why.
   absl::StatusOr<std::shared_ptr<Namespace>> BuildNamespace(
       const NamespacePlan& plan) ABSL_LOCKS_EXCLUDED(mu_);
-  // Drop of the prefix subtree under `key`, under ns.mu only.
-  absl::Status DropPrefix(Namespace& ns, const HashKey& key,
-                          v1::DropResponse* response) ABSL_LOCKS_EXCLUDED(mu_);
   // While `name` is pending, waits for it (releasing mu_ meanwhile). Returns
   // false when it was not pending; else true, with the creation's error in
   // *failed when a creation it waited for failed.
   bool WaitPendingLocked(const std::string& name, absl::Status* failed)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Resolves (session, namespace) of a request to the namespace and the
-  // session's storage rank there.
-  absl::StatusOr<std::shared_ptr<Namespace>> Resolve(uint32_t api_version,
-                                                     uint64_t session_id,
-                                                     uint64_t namespace_id,
-                                                     uint32_t* rank);
-  void FillNamespaceInfo(Namespace& ns, v1::NamespaceInfo* info);
-  // Applies the recency updates unpinned lookups queued. REQUIRES: ns.mu
-  // held exclusively.
-  static void ApplyPendingTouches(Namespace& ns);
-  // Queued recency updates after which a lookup applies them itself.
-  static constexpr size_t kMaxPendingTouches = 4096;
-  // Turns the outcome of a journal append into the request's: OK as is
-  // (compacting the journal when due); on failure a checkpoint of the
-  // namespace's current state makes the change durable anyway, else
-  // UNAVAILABLE naming the journal. No journal: OK. REQUIRES: ns.mu held.
-  absl::Status JournalLocked(Namespace& ns, absl::Status appended);
-  // The device tier's key of a snapshot: namespace id, rank and hash, so
-  // namespaces share a pool's slots without ever matching each other.
-  static std::string DeviceKey(uint64_t namespace_id, uint32_t rank,
-                               const HashKey& hash, uint32_t hash_bytes);
-  // Returns reserved device slots of pool `pool`.
-  void AbortDeviceRows(uint32_t pool, const std::vector<uint32_t>& rows);
+  // Makes `name` pending (being created, or, without `creating`, its
+  // dropped namespace's files being removed) until EndPendingLocked.
+  // REQUIRES: `name` is neither pending nor in by_name_.
+  std::shared_ptr<PendingName> StartPendingLocked(const std::string& name,
+                                                  bool creating)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends `pending`, the pending state of `name`, with `status` (a
+  // creation's outcome, which the requests that waited for it return), and
+  // wakes those requests.
+  void EndPendingLocked(const std::string& name, PendingName& pending,
+                        absl::Status status = absl::OkStatus())
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives back `bytes` of uid `uid`'s --uid_budget_bytes charge.
+  void RefundLocked(uid_t uid, uint64_t bytes)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- Drop (tier_attach.cc) ----
+  // Drop of the prefix subtree under `key`, under ns.mu only.
+  absl::Status DropPrefix(Namespace& ns, const HashKey& key,
+                          v1::DropResponse* response)
+      ABSL_LOCKS_EXCLUDED(mu_, ns.mu);
+
+  // Every published namespace, in no order (a snapshot: each may be
+  // dropped after; tier_core.cc).
+  std::vector<std::shared_ptr<Namespace>> Namespaces() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // ---- introspection (tier_introspect.cc) ----
+  void FillNamespaceInfo(Namespace& ns, v1::NamespaceInfo* info)
+      ABSL_LOCKS_EXCLUDED(ns.mu);
 
   // ---- recovery (tier_recovery.cc) ----
   // Reopens namespace `name` from its journal. DATA_LOSS: the journal is
   // unreadable or corrupt; other errors: the banks cannot be reopened.
-  absl::Status RecoverNamespace(const std::string& name,
-                                RecoveryReport* report);
+  absl::Status RecoverNamespace(const std::string& name, RecoveryReport* report)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Drop of an unrecoverable namespace: unlinks its segments and journal,
   // releasing mu_ meanwhile (the name pending).
   absl::Status DropUnrecoverableLocked(const std::string& name)
@@ -451,33 +404,37 @@ class TierCore {
   // creators (shm/segment_cleanup.h) and logs them; returns how many.
   uint32_t RemoveOrphanedTempSegments();
 
-  // ---- the fence (tier_fence.cc); REQUIRES: ns.mu held for *Locked. ----
-  void Hook(const char* point) {
-    if (test_hook_) test_hook_(point);
-  }
-  // Moves reservation `id` of ns into a new hold of `kind`; returns its id.
-  uint64_t HoldReservationLocked(Namespace& ns, uint64_t id, int kind,
+  // ---- the fence's holds (tier_fence_holds.cc) ----
+  // Moves reservation `id` of ns into a new hold of `kind`; returns its id
+  // (0: no such reservation).
+  uint64_t HoldReservationLocked(Namespace& ns, uint64_t id,
+                                 Namespace::FenceHold::Kind kind,
                                  const InstanceKey& instance,
-                                 const HolderKey& origin);
+                                 const HolderKey& origin)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
   uint64_t HoldLeaseLocked(Namespace& ns, uint64_t id,
-                           const InstanceKey& instance,
-                           const HolderKey& origin);
+                           const InstanceKey& instance, const HolderKey& origin)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
   // Frees what hold `id` keeps and forgets it.
-  void ReleaseHoldLocked(Namespace& ns, uint64_t id);
+  void ReleaseHoldLocked(Namespace& ns, uint64_t id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
   // After a restart: claims `outstanding` rows and pins every restored leaf
   // and snapshot node (Namespace::RestartFence). `emptied`: the namespace
   // was reopened empty; the journaled nodes' rows are claimed too.
   void InstallRestartFenceLocked(Namespace& ns, const JournalContents& contents,
-                                 bool emptied = false);
-  void LiftRestartFenceLocked(Namespace& ns);
+                                 bool emptied = false)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
+  void LiftRestartFenceLocked(Namespace& ns)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
   // RESOURCE_EXHAUSTED of an allocation, with what the fence keeps.
-  absl::Status ExplainFenceLocked(Namespace& ns, absl::Status refused);
+  absl::Status ExplainFenceLocked(Namespace& ns, absl::Status refused)
+      ABSL_SHARED_LOCKS_REQUIRED(ns.mu);
 
   const TierOptions options_;
   const absl::Time started_;
-  // One device-tier index per device pool (options_.device_pools order);
-  // each is thread-safe and locked after any Namespace::mu (a leaf).
-  std::vector<std::unique_ptr<DeviceSnapshotTier>> device_tiers_;
+  // The device pools' tiers (options_.device_pools order); thread-safe,
+  // locked after any Namespace::mu (a leaf).
+  DeviceTiers devices_;
   std::atomic<uint64_t> next_id_{1};
 
   absl::Mutex mu_;

@@ -1,102 +1,41 @@
-// TierCore::Namespace: one namespace's banks, index, journal, and the
-// reservations, leases and fence holds its sessions have; and the
-// PendingName and NamespacePlan of its creation (tier_attach.cc). Private to
-// the TierCore implementation files (tier_core.cc, tier_attach.cc,
-// tier_fence.cc, tier_recovery.cc).
+// TierNamespace (TierCore::Namespace): one namespace's banks, index and
+// journal, and the reservations, leases and fence holds its sessions have,
+// with the operations on it alone (daemon/tier_namespace.cc). Internal to
+// TierCore (daemon/tier_core.h): tier_core.h includes it only so that
+// TierCore's declarations can name a namespace's lock in their annotations.
 //
-// Thread-safety: a Namespace's fields are immutable after construction or
-// guarded by its mu, as annotated; a PendingName's by TierCore::mu_.
+// Thread-safety: a namespace's fields are immutable after construction, or
+// guarded by its mu, as annotated; the lookup counters are atomic. Lock
+// order: TierCore::mu_, then one namespace's mu, then its touch_mu.
 #ifndef KVTIER_DAEMON_TIER_NAMESPACE_H_
 #define KVTIER_DAEMON_TIER_NAMESPACE_H_
 
 #include <sys/types.h>
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/fence_registry.h"
 #include "daemon/journal.h"
 #include "daemon/namespace_layout.h"
 #include "daemon/prefix_index.h"
-#include "daemon/tier_core.h"
+#include "kvtier/v1/tier.pb.h"
 #include "shm/segment.h"
 
 namespace kvtier::daemon {
 
-// A session id is the capability of every RPC of its session: logs name a
-// session by this tag (its low 16 bits), never by the whole id.
-inline std::string SessionTag(uint64_t session_id) {
-  return absl::StrFormat("s-%04x", session_id & 0xffff);
-}
-
-// OK for api_version 0 (unset) or kApiVersion; FAILED_PRECONDITION naming
-// both otherwise. Every request checks it first.
-inline absl::Status CheckApiVersion(uint32_t v) {
-  if (v != 0 && v != kApiVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "api_version: daemon speaks ", kApiVersion, ", request has ", v));
-  }
-  return absl::OkStatus();
-}
-
-// One hash of exactly `hash_bytes`, else INVALID_ARGUMENT naming `field`.
-inline absl::Status ParseOneHash(const std::string& bytes, uint32_t hash_bytes,
-                                 absl::string_view field, HashKey* out) {
-  if (bytes.size() != hash_bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": must be ", hash_bytes, " bytes, got ", bytes.size()));
-  }
-  out->bytes.fill(0);
-  std::memcpy(out->bytes.data(), bytes.data(), hash_bytes);
-  return absl::OkStatus();
-}
-
-// A name whose namespace is being created, or whose dropped namespace's
-// journal and segments are being removed, with TierCore::mu_ released
-// (tier_attach.cc). It is in TierCore::pending_ meanwhile; a request for the
-// name waits (mu_.Await) until `done`. A creation counts against
-// --max_namespaces and holds its --uid_budget_bytes charge from the start.
-// Every field is guarded by TierCore::mu_.
-struct TierCore::PendingName {
-  enum class Kind : uint8_t { kCreating, kDropping };
-  Kind kind = Kind::kCreating;
-  bool done = false;
-  // kCreating, once done: OK (published) or why it failed, which the
-  // requests that waited for it return too.
-  absl::Status status;
-};
-
-// What CreateOrOpenLocked decided, under mu_, about a namespace to create:
-// BuildNamespace makes it without locks.
-struct TierCore::NamespacePlan {
-  std::string name;
-  v1::Layout layout;  // Normalized.
-  uint32_t stored_ranks = 1;
-  uint64_t page_rows = 0;
-  uint64_t snapshot_rows = 0;
-  uint32_t max_replay_tokens = 0;
-  uint64_t bank_bytes = 0;
-  bool charged = false;  // bank_bytes charged to creator_uid.
-  uid_t creator_uid = static_cast<uid_t>(-1);
-  shm::SegmentOptions segment_options;
-  // Reopening from a journal (Recover): no journal is written, and segments
-  // are never unlinked on failure.
-  bool recovering = false;
-};
-
-struct TierCore::Namespace {
+struct TierNamespace {
   struct Reservation {
     uint64_t session = 0;
     uint32_t rank = 0;
@@ -231,22 +170,18 @@ struct TierCore::Namespace {
   }
   // What the journal records about the namespace: shape and segments, each
   // with the creation stamp of its header as its content nonce.
-  JournalHeader MakeJournalHeader() const {
-    JournalHeader h;
-    h.name = name;
-    h.layout = layout;
-    h.page_rows = page_rows;
-    h.snapshot_rows = snapshot_rows;
-    h.max_replay_tokens = max_replay_tokens;
-    for (uint32_t r = 0; r < segments.size(); ++r) {
-      for (size_t i = 0; i < segments[r].size(); ++i) {
-        h.segments.push_back({segment_info[r][i].bank(), r,
-                              segments[r][i]->path(),
-                              segments[r][i]->header().created_unix_ns});
-      }
-    }
-    return h;
-  }
+  JournalHeader MakeJournalHeader() const;
+
+  // Applies the recency updates that unpinned lookups queued
+  // (pending_touches), in order.
+  void ApplyPendingTouches() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Queued recency updates after which a lookup applies them itself.
+  static constexpr size_t kMaxPendingTouches = 4096;
+  // Turns the outcome of a journal append into the request's: OK as is
+  // (compacting the journal when due); on failure a checkpoint of the
+  // namespace's current state makes the change durable anyway, else
+  // UNAVAILABLE naming the journal. No journal: OK.
+  absl::Status Journal(absl::Status appended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
 };
 
 }  // namespace kvtier::daemon

@@ -19,7 +19,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "daemon/tier_core.h"
-#include "daemon/tier_namespace.h"
 #include "shm/hugepages.h"
 #include "shm/segment_cleanup.h"
 #include "shm/trusted_path.h"
@@ -297,9 +296,8 @@ absl::Status TierCore::DropUnrecoverableLocked(const std::string& name) {
   // Forgotten now; its files are removed with mu_ released, the name
   // pending so that no namespace of that name is made meanwhile.
   unrecoverable_.erase(it);
-  auto pending = std::make_shared<PendingName>();
-  pending->kind = PendingName::Kind::kDropping;
-  pending_[name] = pending;
+  const std::shared_ptr<PendingName> pending =
+      StartPendingLocked(name, /*creating=*/false);
   mu_.Unlock();
   // The segments: those the journal names when it can be read, else every
   // file of the namespace's name pattern in the shm folder.
@@ -345,8 +343,7 @@ absl::Status TierCore::DropUnrecoverableLocked(const std::string& name) {
   SPDLOG_INFO("unrecoverable namespace '{}' dropped ({} segments)", name,
               segments.size());
   mu_.Lock();
-  pending_.erase(name);
-  pending->done = true;
+  EndPendingLocked(name, *pending);
   return absl::OkStatus();
 }
 

@@ -1,0 +1,212 @@
+// TierCore's read path: Lookup (and LookupHashes, the fast lookup
+// socket's), which finds the longest usable cached prefix of a request's
+// hashes and, with pin, leases it; and Release, which ends a lease. With a
+// device pool named, the snapshot the host answer ends at is also looked
+// up in that pool's device tier (tier_device.h).
+//
+// Lookups of a namespace run concurrently under its lock held shared; only
+// a pin, or a full queue of recency updates, takes it exclusively.
+//
+// Thread-safety: thread-safe (part of TierCore; lock order in tier_core.h).
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "daemon/tier_core.h"
+#include "daemon/tier_request.h"
+
+namespace kvtier::daemon {
+
+absl::Status TierCore::Lookup(const v1::LookupRequest& req,
+                              v1::LookupResponse* resp) {
+  if (absl::Status s = CheckApiVersion(req.api_version()); !s.ok()) return s;
+  LookupOutcome out;
+  if (req.has_device_pool() && req.device_pool() >= devices_.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device_pool: ", req.device_pool(), " but the daemon has ",
+                     devices_.size(), " device pools"));
+  }
+  const int device_pool =
+      req.has_device_pool() ? static_cast<int>(req.device_pool()) : -1;
+  if (absl::Status s = LookupHashes(req.session_id(), req.namespace_id(),
+                                    req.hashes(), req.pin(), &out, device_pool);
+      !s.ok()) {
+    return s;
+  }
+  resp->set_has_device_snapshot(out.has_device_snapshot);
+  if (out.has_device_snapshot) {
+    resp->set_device_snapshot_row(out.device_snapshot_row);
+  }
+  resp->set_matched_pages(out.matched_pages);
+  resp->set_usable_pages(out.usable_pages);
+  resp->mutable_rows()->Assign(out.rows.begin(), out.rows.end());
+  resp->set_has_snapshot(out.has_snapshot);
+  if (out.has_snapshot) resp->set_snapshot_row(out.snapshot_row);
+  resp->set_lease_id(out.lease_id);
+  return absl::OkStatus();
+}
+
+absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
+                                    absl::string_view hashes, bool pin,
+                                    LookupOutcome* out, int device_pool) {
+  uint32_t rank = 0;
+  auto ns_or = Resolve(0, session_id, namespace_id, &rank);
+  if (!ns_or.ok()) return ns_or.status();
+  Namespace& ns = **ns_or;
+  if (device_pool >= 0 && !PoolServes(device_pool, ns.name)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "device_pool: pool ", device_pool, " does not serve namespace '",
+        ns.name, "' (kvtierd --device_pool_namespaces)"));
+  }
+  // 32-byte hashes are HashKeys already: look them up in place (no 48 KiB
+  // copy per 1,536-page lookup); shorter ones are padded into a copy.
+  std::vector<HashKey> padded;
+  absl::Span<const HashKey> keys;
+  static_assert(sizeof(HashKey) == 32 && alignof(HashKey) == 1);
+  if (ns.hash_bytes == sizeof(HashKey) &&
+      hashes.size() % sizeof(HashKey) == 0 &&
+      hashes.size() / sizeof(HashKey) <= kMaxLookupPages) {
+    keys = absl::MakeConstSpan(reinterpret_cast<const HashKey*>(hashes.data()),
+                               hashes.size() / sizeof(HashKey));
+  } else {
+    if (absl::Status s = ParseHashes(hashes, ns.hash_bytes, kMaxLookupPages,
+                                     "hashes", &padded);
+        !s.ok()) {
+      return s;
+    }
+    keys = padded;
+  }
+  // The search runs under the shared lock, so concurrent lookups do not
+  // queue behind each other; only the recency update, the counters and the
+  // pin take the exclusive lock. A Reserve (the only evictor besides Drop)
+  // between the two bumps evict_epoch, and then the search is redone.
+  // An unpinned lookup takes only the shared lock: its recency update is
+  // queued (see Namespace::pending_touches).
+  PrefixIndex::LookupResult r;
+  uint64_t epoch = 0;
+  auto count = [&] {
+    ns.lookups.fetch_add(1, std::memory_order_relaxed);
+    ns.hit_pages.fetch_add(r.usable_pages, std::memory_order_relaxed);
+    ns.miss_pages.fetch_add(keys.size() - r.usable_pages,
+                            std::memory_order_relaxed);
+    if (r.has_snapshot) {
+      ns.snapshot_hits.fetch_add(1, std::memory_order_relaxed);
+    }
+  };
+  bool flush = false;
+  {
+    absl::ReaderMutexLock shared(&ns.mu);
+    r = ns.index->Find(keys, rank);
+    epoch = ns.evict_epoch;
+    if (!pin) {
+      if (r.touch_node != kNoNode) {
+        const size_t depth =
+            (r.pin_node != kNoNode ? r.usable_pages : r.matched_pages) - 1;
+        absl::MutexLock touch(&ns.touch_mu);
+        ns.pending_touches.emplace_back(r.touch_node, keys[depth]);
+        flush = ns.pending_touches.size() >= Namespace::kMaxPendingTouches;
+      }
+      count();
+    }
+  }
+  // The device tier serves the host's usable snapshot from HBM when it
+  // holds the same one: the pages up to it are the host's (pinned by the
+  // host lease), so the answer never outgrows what the host index vouches
+  // for.
+  auto device_hit =
+      [&](bool pin_device) -> std::optional<DeviceSnapshotTier::Hit> {
+    if (device_pool < 0 || !r.has_snapshot || r.usable_pages == 0) {
+      return std::nullopt;
+    }
+    const std::string key =
+        DeviceTiers::Key(ns.id, rank, keys[r.usable_pages - 1], ns.hash_bytes);
+    return devices_.Lookup(device_pool, key, pin_device);
+  };
+  if (!pin) {
+    if (flush) {
+      absl::MutexLock lock(&ns.mu);
+      ns.ApplyPendingTouches();
+    }
+    out->matched_pages = r.matched_pages;
+    out->usable_pages = r.usable_pages;
+    out->has_snapshot = r.has_snapshot;
+    out->snapshot_row = r.has_snapshot ? r.snapshot_row : 0;
+    out->lease_id = 0;
+    if (auto d = device_hit(false)) {
+      out->has_device_snapshot = true;
+      out->device_snapshot_row = d->row;
+    }
+    out->rows = std::move(r.rows);
+    return absl::OkStatus();
+  }
+  Hook("lookup:resolved");
+  absl::MutexLock lock(&ns.mu);
+  // A session closed since Resolve must not be left a pin.
+  if (!ns.sessions.contains(session_id)) {
+    return absl::NotFoundError(
+        absl::StrCat("session_id: session ", session_id, " closed"));
+  }
+  ns.ApplyPendingTouches();
+  if (ns.evict_epoch != epoch) r = ns.index->Find(keys, rank);
+  ns.index->Touch(r.touch_node);
+  count();
+  out->matched_pages = r.matched_pages;
+  out->usable_pages = r.usable_pages;
+  out->has_snapshot = r.has_snapshot;
+  out->snapshot_row = r.has_snapshot ? r.snapshot_row : 0;
+  out->lease_id = 0;
+  if (pin && r.usable_pages > 0 && r.pin_node != kNoNode) {
+    if (options_.max_session_leases > 0) {
+      auto u = ns.use.find(session_id);
+      if (u != ns.use.end() &&
+          u->second.leases >= options_.max_session_leases) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "pin: this session holds ", u->second.leases,
+            " leases in namespace '", ns.name,
+            "', the most one session may (--max_session_leases); release "
+            "some"));
+      }
+    }
+    const uint64_t lease = next_id_.fetch_add(1);
+    ns.index->Pin(r.pin_node);
+    Namespace::Lease l{session_id, r.pin_node, r.usable_pages};
+    if (auto d = device_hit(true)) {
+      out->has_device_snapshot = true;
+      out->device_snapshot_row = d->row;
+      l.device_pool = static_cast<uint32_t>(device_pool);
+      l.device_lease = d->lease_id;
+    }
+    ns.leases[lease] = l;
+    ns.Charge(session_id, 0, 1, 0);
+    out->lease_id = lease;
+  }
+  out->rows = std::move(r.rows);
+  return absl::OkStatus();
+}
+
+absl::Status TierCore::Release(const v1::ReleaseRequest& req,
+                               v1::ReleaseResponse*) {
+  uint32_t rank = 0;
+  auto ns_or =
+      Resolve(req.api_version(), req.session_id(), req.namespace_id(), &rank);
+  if (!ns_or.ok()) return ns_or.status();
+  Namespace& ns = **ns_or;
+  absl::MutexLock lock(&ns.mu);
+  auto it = ns.leases.find(req.lease_id());
+  if (it == ns.leases.end() || it->second.session != req.session_id()) {
+    return absl::NotFoundError(
+        absl::StrCat("lease_id: no lease ", req.lease_id(),
+                     " of this session in namespace '", ns.name, "'"));
+  }
+  absl::Status s = ns.index->Unpin(it->second.node);
+  devices_.Release(it->second.device_pool, it->second.device_lease);
+  ns.Charge(it->second.session, 0, -1, 0);
+  ns.leases.erase(it);
+  if (!s.ok()) return absl::InternalError(s.message());
+  return absl::OkStatus();
+}
+
+}  // namespace kvtier::daemon

@@ -18,6 +18,11 @@
 extern "C" {
 #endif
 
+/* The C ABI's version (docs/abi.md). Within it the ABI only grows:
+ * functions are added (a variant such as kvt_lookup_with_device beside
+ * kvt_lookup, never a changed signature or meaning), and no struct changes
+ * its layout. libkvtier.so exports these functions alone, at version node
+ * KVTIER_1. */
 #define KVT_API_VERSION 1
 
 /* The canonical status codes (the same numbers as gRPC and absl). */

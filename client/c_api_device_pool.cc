@@ -1,4 +1,4 @@
-// The C ABI of the daemon's device pools (kvtier/device_pool_client.h) and
+// The C ABI of the daemon's device pools (client/device_pool_client.h) and
 // of the device-snapshot variants of lookup, reserve and commit
 // (Namespace::LookupWithDevice, Reserve with device snapshots,
 // Reservation::Commit with device placements). Argument checks, status codes

@@ -1,4 +1,4 @@
-// The C ABI of the sparse-attention write-through mirror (kvtier/mirror.h)
+// The C ABI of the sparse-attention write-through mirror (client/mirror.h)
 // and of mirror adoption (Namespace::AdoptMirror, Mirror::Adopt). A
 // kvt_mirror owns one kvtier::client::Mirror: its reservation, device state and
 // revocation when the session ends are the C++ class's. Argument checks,

@@ -1,6 +1,7 @@
-// Tests of TierCore's fence (tier_fence.cc, fence_registry.h) and of the
-// races and caps around it, called directly: holds left by sessions that
-// end while their process lives, by aborts with queued work, the Fence RPC
+// Tests of TierCore's fence (tier_fence.cc, tier_fence_holds.cc,
+// fence_registry.h) and of the races and caps around it, called directly:
+// holds left by sessions that end while their process lives, by aborts with
+// queued work, the Fence RPC
 // (reports, releases, bad input), process death through a real child, an
 // RPC whose session closes between Resolve and the namespace lock (forced
 // through the test hook), and the per-session caps.

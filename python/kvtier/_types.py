@@ -78,9 +78,9 @@ class PoolTensorSpec:
 
 @dataclasses.dataclass(frozen=True)
 class PoolDescriptor:
-    """An engine's page pool (see client/include/kvtier/pool.h): `banks` maps
-    each page bank's name, in namespace order, to its tensors; `snapshot`
-    lists the snapshot segments of slot 0..num_snapshot_slots-1.
+    """An engine's page pool (see client/pool.h): `banks` maps each page
+    bank's name, in namespace order, to its tensors; `snapshot` lists the
+    snapshot segments of slot 0..num_snapshot_slots-1.
     `device` is the CUDA ordinal (ignored by the reference backend).
     `keepalive` holds the objects that own the memory (torch tensors)."""
     num_pages: int

@@ -1,8 +1,8 @@
-"""The sparse-attention write-through mirror (kvtier/mirror.h over the C ABI's
-kvt_mirror_*): L logical pages in session-private rows, a graph-capturable
-store kernel that copies each token the engine writes into its GPU pool on to
-the mirror, and a device-side LRU (ensure) that makes the pool's first P
-pages a cache over the mirror.
+"""The sparse-attention write-through mirror (client/mirror.h, through the C
+ABI's kvt_mirror_*): L logical pages in session-private rows, a
+graph-capturable store kernel that copies each token the engine writes into
+its GPU pool on to the mirror, and a device-side LRU (ensure) that makes the
+pool's first P pages a cache over the mirror.
 
     pool = kvtier.TorchPool({"kv": kv_tensors, "scale": scale_tensors})
     m = ns.mirror(pool, logical_pages=20000, max_batch=8, max_selected=512,

@@ -11,7 +11,7 @@ TorchPool turns those tensors into the namespace layout (bank row sizes,
 dtypes, snapshot row size) and the kvt_pool descriptor (data_ptr, strides),
 and keeps the tensors alive as long as a Transfer made from it exists. Row
 format: a row of bank B holds tensor[p]'s bytes for each of B's tensors, in
-the order given (client/include/kvtier/pool.h).
+the order given (client/pool.h).
 
 CUDA tensors get the CUDA backend (copies on the caller's stream); CPU
 tensors get the reference backend (host memcpy, for tests and host-only

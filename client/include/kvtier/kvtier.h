@@ -18,6 +18,11 @@
 extern "C" {
 #endif
 
+/* The C ABI's version (docs/abi.md). Within it the ABI only grows:
+ * functions are added (a variant such as kvt_lookup_with_device beside
+ * kvt_lookup, never a changed signature or meaning), and no struct changes
+ * its layout. libkvtier.so exports these functions alone, at version node
+ * KVTIER_1. */
 #define KVT_API_VERSION 1
 
 /* The canonical status codes (the same numbers as gRPC and absl). */
@@ -239,10 +244,11 @@ kvt_status kvt_snapshot_restore(kvt_transfer* t, uint32_t slot, uint32_t row,
 /* ------------------------------------------------------ device pools --
  * The daemon's device pools (kvtierd --device_pool_bytes: daemon-owned GPU
  * memory of snapshot slots, opened over CUDA IPC), as the namespace's first
- * attach reported them; see kvtier/device_pool_client.h. A pool is valid
- * only for the daemon session that reported it: once kvt_device_pools_valid
- * turns 0 (the daemon stopped or restarted) every use of a pool handle
- * answers UNAVAILABLE; attach again. */
+ * attach reported them (in the source tree: client/device_pool_client.h,
+ * its internal C++ class). A pool is valid only for the daemon session
+ * that reported it: once kvt_device_pools_valid turns 0 (the daemon stopped
+ * or restarted) every use of a pool handle answers UNAVAILABLE; attach
+ * again. */
 
 typedef struct kvt_device_pool_handle kvt_device_pool_handle;
 
@@ -336,10 +342,11 @@ kvt_status kvt_commit_with_device(kvt_reservation* r, const uint8_t* parent,
                                   kvt_commit_result* result);
 
 /* ------------------------------------------------------------ mirrors --
- * The sparse-attention write-through mirror (kvtier/mirror.h): L logical
- * pages in session-private rows (a reservation, invisible to lookups), a
- * graph-capturable store kernel from the engine's pool into them, and a
- * device-side LRU (ensure) that makes P pool pages a cache over them. When
+ * The sparse-attention write-through mirror (client/mirror.h in the
+ * source tree, its internal C++ class): L logical pages in session-private
+ * rows (a reservation, invisible to lookups), a graph-capturable store
+ * kernel from the engine's pool into them, and a device-side LRU (ensure)
+ * that makes P pool pages a cache over them. When
  * the session ends (the daemon restarted) the mirror is revoked: its store,
  * in captured graphs too, writes nothing more, and the daemon keeps the rows
  * fenced until this process reports them or exits; a new mirror is needed.

@@ -1,19 +1,10 @@
 // Tests of the public C++ layer (kvtier/kvtier.hpp) as an engine uses it:
 // built as C++17 with only the public include folder on the include path,
 // linked only against libkvtier.so (and gtest), against a real kvtierd this
-// test starts itself (no test-support library: that would bring abseil).
-#include <signal.h>
-#include <spawn.h>
-#include <stdlib.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
+// test starts itself (kvtier_hpp_test_daemon.h). The device pools and mirrors
+// are kvtier_hpp_device_test.cc's.
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 #include <optional>
 #include <string>
 #include <thread>
@@ -21,63 +12,12 @@
 
 #include "gtest/gtest.h"
 #include "kvtier/kvtier.hpp"
-
-extern char** environ;
+// Beside this file, found without the project root on the include path.
+#include "kvtier_hpp_test_daemon.h"
 
 namespace {
 
-// A kvtierd in a private folder under /dev/shm (socket and banks).
-class Daemon {
- public:
-  Daemon() {
-    char tmpl[] = "/dev/shm/kvtier-hpp-XXXXXX";
-    if (::mkdtemp(tmpl) != nullptr) dir_ = tmpl;
-    socket_ = dir_ + "/kvtierd.sock";
-    const std::string shm = dir_ + "/shm";
-    std::filesystem::create_directories(shm);
-    ::chmod(shm.c_str(), 0750);  // kvtierd refuses a folder others can write.
-    std::vector<std::string> argv = {KVTIER_KVTIERD_PATH, "--socket=" + socket_,
-                                     "--shm_dir=" + shm, "--huge_pages=off",
-                                     "--log_level=warn"};
-    std::vector<char*> args;
-    for (auto& a : argv) args.push_back(a.data());
-    args.push_back(nullptr);
-    if (::posix_spawn(&pid_, args[0], nullptr, nullptr, args.data(), environ) !=
-        0) {
-      pid_ = -1;
-    }
-  }
-  ~Daemon() {
-    if (pid_ > 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-    std::error_code ec;
-    std::filesystem::remove_all(dir_, ec);
-  }
-  // True once the daemon accepts connections (within 20 s).
-  bool WaitUntilListening() const {
-    if (pid_ <= 0) return false;
-    for (int i = 0; i < 1000; ++i) {
-      const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-      sockaddr_un addr{};
-      addr.sun_family = AF_UNIX;
-      std::strncpy(addr.sun_path, socket_.c_str(), sizeof(addr.sun_path) - 1);
-      const bool up =
-          ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
-      ::close(fd);
-      if (up) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
-  }
-  const std::string& socket() const { return socket_; }
-  const std::string& dir() const { return dir_; }
-
- private:
-  std::string dir_, socket_;
-  pid_t pid_ = -1;
-};
+using kvtier_hpp_test::Daemon;
 
 class KvtierHppTest : public ::testing::Test {
  protected:

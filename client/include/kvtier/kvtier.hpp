@@ -23,128 +23,44 @@
 // function it wraps (kvtier/kvtier.h), outages included: while the daemon is
 // unreachable a lookup is a miss and a reservation UNAVAILABLE.
 //
-// Handles (Client, Namespace, Lease, Reservation, PendingCommit, Transfer)
-// are move-only RAII owners of one kvt_* handle; the destructor releases it
-// (a Lease's pin, a Reservation's rows: see each class). They may be
-// destroyed in any order, except that a Transfer uses its Namespace's banks:
-// REQUIRES the Namespace to outlive its Transfers.
+// Handles (Client, Namespace, Lease, Reservation, PendingCommit, Transfer,
+// DevicePool, Mirror) are move-only RAII owners of one kvt_* handle; the
+// destructor releases it (a Lease's pin, a Reservation's rows: see each
+// class). They may be destroyed in any order, except that a Transfer,
+// DevicePool or Mirror uses its Namespace: REQUIRES the Namespace to outlive
+// them.
 //
-// Thread-safety: as the C ABI: Client and Namespace may be used from many
-// threads; a Lease, Reservation, PendingCommit or Transfer by one thread at a
-// time. Status and Result are plain values.
+// This file holds Client and Namespace and includes the rest of the layer;
+// include it, not the parts:
+//   kvtier/kvtier_status.hpp    Status, Result, Span
+//   kvtier/kvtier_lease.hpp     Lease, Reservation, PendingCommit
+//   kvtier/kvtier_transfer.hpp  Pool, Transfer
+//   kvtier/kvtier_device.hpp    DevicePool, Mirror
+//
+// Thread-safety: as the C ABI: Client, Namespace and DevicePool may be used
+// from many threads; a Lease, Reservation, PendingCommit or Transfer by one
+// thread at a time, a Mirror by one thread and one stream at a time. Status
+// and Result are plain values.
 #ifndef KVTIER_KVTIER_HPP_
 #define KVTIER_KVTIER_HPP_
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <string_view>
-#include <utility>
 #include <vector>
 
 #include "kvtier/kvtier.h"
+#include "kvtier/kvtier_device.hpp"
+#include "kvtier/kvtier_lease.hpp"
+#include "kvtier/kvtier_status.hpp"
+#include "kvtier/kvtier_transfer.hpp"
 
 namespace kvtier {
-
-// The canonical status codes (kvt_status; the same numbers as gRPC).
-enum class StatusCode : int {
-  kOk = KVT_OK,
-  kCancelled = KVT_CANCELLED,
-  kUnknown = KVT_UNKNOWN,
-  kInvalidArgument = KVT_INVALID_ARGUMENT,
-  kDeadlineExceeded = KVT_DEADLINE_EXCEEDED,
-  kNotFound = KVT_NOT_FOUND,
-  kAlreadyExists = KVT_ALREADY_EXISTS,
-  kPermissionDenied = KVT_PERMISSION_DENIED,
-  kResourceExhausted = KVT_RESOURCE_EXHAUSTED,
-  kFailedPrecondition = KVT_FAILED_PRECONDITION,
-  kAborted = KVT_ABORTED,
-  kOutOfRange = KVT_OUT_OF_RANGE,
-  kUnimplemented = KVT_UNIMPLEMENTED,
-  kInternal = KVT_INTERNAL,
-  kUnavailable = KVT_UNAVAILABLE,
-  kDataLoss = KVT_DATA_LOSS,
-  kUnauthenticated = KVT_UNAUTHENTICATED,
-};
-
-// A call's outcome: OK, or a code and a message naming what failed.
-class Status {
- public:
-  Status() = default;  // OK.
-  Status(StatusCode code, std::string message)
-      : code_(code),
-        message_(code == StatusCode::kOk ? "" : std::move(message)) {}
-  // The outcome of a C call that returned `s` on this thread: its message is
-  // kvt_last_error(), read now (before the thread's next call replaces it).
-  static Status FromC(kvt_status s) {
-    if (s == KVT_OK) return Status();
-    return Status(static_cast<StatusCode>(s), kvt_last_error());
-  }
-
-  bool ok() const { return code_ == StatusCode::kOk; }
-  StatusCode code() const { return code_; }
-  const std::string& message() const { return message_; }
-
- private:
-  StatusCode code_ = StatusCode::kOk;
-  std::string message_;
-};
-
-// Either a T or the non-OK Status that says why there is none.
-template <typename T>
-class Result {
- public:
-  // REQUIRES: !status.ok() (an OK status without a value is UNKNOWN).
-  Result(Status status)  // NOLINT: implicit, as absl::StatusOr.
-      : status_(status.ok() ? Status(StatusCode::kUnknown,
-                                     "Result made from an OK Status")
-                            : std::move(status)) {}
-  Result(T value) : value_(std::move(value)) {}  // NOLINT: implicit.
-
-  bool ok() const { return value_.has_value(); }
-  // OK when a value is held.
-  const Status& status() const { return status_; }
-  // REQUIRES: ok().
-  T& value() & { return *value_; }
-  const T& value() const& { return *value_; }
-  T&& value() && { return *std::move(value_); }
-  T& operator*() & { return *value_; }
-  const T& operator*() const& { return *value_; }
-  T&& operator*() && { return *std::move(value_); }
-  T* operator->() { return &*value_; }
-  const T* operator->() const { return &*value_; }
-
- private:
-  Status status_;
-  std::optional<T> value_;
-};
-
-// A read-only view of `size` elements (C++17 has no std::span).
-template <typename T>
-class Span {
- public:
-  Span() = default;
-  Span(const T* data, size_t size) : data_(data), size_(size) {}
-  const T* data() const { return data_; }
-  size_t size() const { return size_; }
-  bool empty() const { return size_ == 0; }
-  const T* begin() const { return data_; }
-  const T* end() const { return data_ + size_; }
-  const T& operator[](size_t i) const { return data_[i]; }
-
- private:
-  const T* data_ = nullptr;
-  size_t size_ = 0;
-};
 
 enum class HashKind : int32_t {
   kSha256 = KVT_HASH_SHA256,
   kXxh3_128 = KVT_HASH_XXH3_128,
-};
-enum class Backend : int32_t {
-  kCuda = KVT_BACKEND_CUDA,            // The engine's GPU pool (CUDA).
-  kReference = KVT_BACKEND_REFERENCE,  // Host memory, for tests.
 };
 
 struct ConnectOptions {
@@ -194,248 +110,6 @@ struct BankInfo {
   uint64_t row_stride = 0;
   bool cuda_registered = false;
   bool huge_pages = false;
-};
-
-struct CommitResult {
-  uint32_t committed_pages = 0;
-  uint32_t deduplicated_pages = 0;
-  uint32_t committed_snapshots = 0;
-  uint32_t deduplicated_snapshots = 0;
-};
-
-// Where a reserved snapshot row goes: the state after page `hash`.
-struct SnapshotPlacement {
-  uint32_t index = 0;  // Into Reservation::snapshot_rows().
-  std::string hash;    // hash_bytes long.
-};
-
-// The engine's GPU pool, as kvt_pool describes it.
-struct PoolTensor {
-  uint64_t base = 0;  // Device address of page 0 (16-aligned).
-  uint64_t page_stride = 0;
-  uint64_t bytes_per_page = 0;
-};
-struct BankPool {
-  std::string bank;
-  std::vector<PoolTensor> tensors;
-};
-struct Pool {
-  int32_t device = 0;
-  uint64_t num_pages = 0;
-  std::vector<BankPool> banks;  // One per page bank, in namespace order.
-  std::vector<PoolTensor> snapshot;
-  uint64_t num_snapshot_slots = 0;
-};
-
-namespace internal {
-
-// Owns one kvt_* handle; `Free` releases it. Move-only.
-template <typename H, void (*Free)(H*)>
-class Handle {
- public:
-  Handle() = default;
-  explicit Handle(H* h) : h_(h) {}
-  Handle(Handle&& o) noexcept : h_(std::exchange(o.h_, nullptr)) {}
-  Handle& operator=(Handle&& o) noexcept {
-    if (this != &o) {
-      reset();
-      h_ = std::exchange(o.h_, nullptr);
-    }
-    return *this;
-  }
-  Handle(const Handle&) = delete;
-  Handle& operator=(const Handle&) = delete;
-  ~Handle() { reset(); }
-
-  H* get() const { return h_; }
-  // Gives the handle up (the C call that consumed it freed it).
-  H* release() { return std::exchange(h_, nullptr); }
-  void reset() {
-    if (h_ != nullptr) Free(std::exchange(h_, nullptr));
-  }
-
- private:
-  H* h_ = nullptr;
-};
-
-inline void ReleaseLease(kvt_lease* l) { (void)kvt_lease_release(l, nullptr); }
-inline const uint8_t* Bytes(std::string_view s) {
-  return reinterpret_cast<const uint8_t*>(s.data());
-}
-// *n = hashes.size() / hash_bytes; INVALID_ARGUMENT when that leaves a rest.
-inline Status CountHashes(std::string_view hashes, uint32_t hash_bytes,
-                          size_t* n) {
-  if (hash_bytes == 0 || hashes.size() % hash_bytes != 0) {
-    return Status(StatusCode::kInvalidArgument,
-                  "hashes: " + std::to_string(hashes.size()) +
-                      " bytes, not a multiple of hash_bytes " +
-                      std::to_string(hash_bytes));
-  }
-  *n = hashes.size() / hash_bytes;
-  return Status();
-}
-inline CommitResult ToCommitResult(const kvt_commit_result& r) {
-  return {r.committed_pages, r.deduplicated_pages, r.committed_snapshots,
-          r.deduplicated_snapshots};
-}
-inline std::vector<kvt_snapshot_placement> ToC(
-    const std::vector<SnapshotPlacement>& snaps) {
-  std::vector<kvt_snapshot_placement> out;
-  out.reserve(snaps.size());
-  for (const auto& s : snaps) out.push_back({s.index, Bytes(s.hash)});
-  return out;
-}
-
-}  // namespace internal
-
-// The answer of a Lookup. When pinned, the rows stay valid until Release (or
-// the destructor, which releases now).
-class Lease {
- public:
-  uint32_t matched_pages() const { return kvt_lease_matched_pages(h_.get()); }
-  uint32_t usable_pages() const { return kvt_lease_usable_pages(h_.get()); }
-  // usable_pages() rows, in chain order.
-  Span<uint32_t> rows() const {
-    return {kvt_lease_rows(h_.get()), usable_pages()};
-  }
-  bool has_snapshot() const { return kvt_lease_has_snapshot(h_.get()) != 0; }
-  uint32_t snapshot_row() const { return kvt_lease_snapshot_row(h_.get()); }
-
-  // Releases the pin: now (stream null; REQUIRES the copies from the rows
-  // to have finished), or once the work queued on `stream` so far has
-  // finished, without blocking. The lease is empty afterwards.
-  Status Release(void* stream = nullptr) {
-    if (h_.get() == nullptr) return Status();
-    return Status::FromC(kvt_lease_release(h_.release(), stream));
-  }
-
- private:
-  friend class Namespace;
-  explicit Lease(kvt_lease* h) : h_(h) {}
-  internal::Handle<kvt_lease, internal::ReleaseLease> h_;
-};
-
-// The result of CommitAfter, to wait on.
-class PendingCommit {
- public:
-  // Waits (timeout_ms 0: until the commit ran). DEADLINE_EXCEEDED when
-  // still pending: wait again. Otherwise the commit's outcome, and the
-  // handle is spent.
-  Result<CommitResult> Wait(uint32_t timeout_ms = 0) {
-    if (h_.get() == nullptr) {
-      return Status(StatusCode::kFailedPrecondition,
-                    "pending commit: already waited for");
-    }
-    kvt_commit_result r{};
-    const kvt_status s = kvt_pending_wait(h_.get(), timeout_ms, &r);
-    if (s == KVT_DEADLINE_EXCEEDED) return Status::FromC(s);
-    (void)h_.release();  // kvt_pending_wait freed it.
-    if (s != KVT_OK) return Status::FromC(s);
-    return internal::ToCommitResult(r);
-  }
-
- private:
-  friend class Reservation;
-  explicit PendingCommit(kvt_pending_commit* h) : h_(h) {}
-  internal::Handle<kvt_pending_commit, kvt_pending_free> h_;
-};
-
-// Rows reserved for writing; invisible until Commit. The destructor drops a
-// reservation neither committed nor aborted (kvt_reservation_free: aborted,
-// or fenced until the process exits where copies may be queued).
-class Reservation {
- public:
-  uint64_t id() const { return kvt_reservation_id(h_.get()); }
-  Span<uint32_t> page_rows() const {
-    return {kvt_reservation_page_rows(h_.get()),
-            kvt_reservation_num_page_rows(h_.get())};
-  }
-  Span<uint32_t> snapshot_rows() const {
-    return {kvt_reservation_snapshot_rows(h_.get()),
-            kvt_reservation_num_snapshot_rows(h_.get())};
-  }
-
-  // Makes the rows visible under `hashes` (one per page row, hash_bytes
-  // each, packed) below `parent` (empty: first pages). REQUIRES: the rows
-  // are fully written. On success the reservation is spent; on failure it
-  // stays open (retry, or Abort).
-  Result<CommitResult> Commit(
-      std::string_view parent, std::string_view hashes,
-      const std::vector<SnapshotPlacement>& snaps = {}) {
-    size_t num_hashes = 0;
-    if (Status s = internal::CountHashes(hashes, hash_bytes_, &num_hashes);
-        !s.ok()) {
-      return s;
-    }
-    const auto c = internal::ToC(snaps);
-    kvt_commit_result r{};
-    const kvt_status s =
-        kvt_commit(h_.get(), internal::Bytes(parent), parent.size(),
-                   internal::Bytes(hashes), num_hashes, c.data(), c.size(), &r);
-    if (s != KVT_OK) return Status::FromC(s);
-    (void)h_.release();  // kvt_commit freed it.
-    return internal::ToCommitResult(r);
-  }
-  // Commits once the work queued on `stream` so far has finished, without
-  // blocking; the reservation is spent once this returns OK.
-  Result<PendingCommit> CommitAfter(
-      void* stream, std::string_view parent, std::string_view hashes,
-      const std::vector<SnapshotPlacement>& snaps = {}) {
-    size_t num_hashes = 0;
-    if (Status s = internal::CountHashes(hashes, hash_bytes_, &num_hashes);
-        !s.ok()) {
-      return s;
-    }
-    const auto c = internal::ToC(snaps);
-    kvt_pending_commit* p = nullptr;
-    const kvt_status s = kvt_commit_after(
-        h_.get(), stream, internal::Bytes(parent), parent.size(),
-        internal::Bytes(hashes), num_hashes, c.data(), c.size(), &p);
-    if (s != KVT_OK) return Status::FromC(s);
-    (void)h_.release();  // kvt_commit_after freed it.
-    return PendingCommit(p);
-  }
-  // Returns the rows: now (stream null; REQUIRES no queued work writes
-  // them), or once the work queued on `stream` so far has finished. The
-  // reservation is spent either way.
-  Status Abort(void* stream = nullptr) {
-    if (h_.get() == nullptr) return Status();
-    return Status::FromC(kvt_abort_after(h_.release(), stream));
-  }
-
- private:
-  friend class Namespace;
-  Reservation(kvt_reservation* h, uint32_t hash_bytes)
-      : h_(h), hash_bytes_(hash_bytes) {}
-  internal::Handle<kvt_reservation, kvt_reservation_free> h_;
-  uint32_t hash_bytes_ = 0;
-};
-
-// Copies between the engine's GPU pool and the namespace's banks, queued on
-// the engine's streams. REQUIRES: the Namespace outlives it.
-class Transfer {
- public:
-  // Queues GPU page gpu_pages[i] -> bank row rows[i], for i < n.
-  Status Evict(const uint32_t* gpu_pages, const uint32_t* rows, size_t n,
-               void* stream) {
-    return Status::FromC(kvt_evict(h_.get(), gpu_pages, rows, n, stream));
-  }
-  // Queues bank row rows[i] -> GPU page gpu_pages[i], for i < n.
-  Status Rehydrate(const uint32_t* gpu_pages, const uint32_t* rows, size_t n,
-                   void* stream) {
-    return Status::FromC(kvt_rehydrate(h_.get(), gpu_pages, rows, n, stream));
-  }
-  Status SaveSnapshot(uint32_t slot, uint32_t row, void* stream) {
-    return Status::FromC(kvt_snapshot_save(h_.get(), slot, row, stream));
-  }
-  Status RestoreSnapshot(uint32_t slot, uint32_t row, void* stream) {
-    return Status::FromC(kvt_snapshot_restore(h_.get(), slot, row, stream));
-  }
-
- private:
-  friend class Namespace;
-  explicit Transfer(kvt_transfer* h) : h_(h) {}
-  internal::Handle<kvt_transfer, kvt_transfer_free> h_;
 };
 
 class Namespace {
@@ -501,28 +175,118 @@ class Namespace {
   // most CTAs one copy launch uses (0: the default).
   Result<Transfer> CreateTransfer(Backend backend, const Pool& pool,
                                   uint32_t max_ctas = 0) const {
-    std::vector<std::vector<kvt_pool_tensor>> tensors;
-    std::vector<kvt_bank_pool> banks;
-    tensors.reserve(pool.banks.size());
-    for (const auto& b : pool.banks) {
-      tensors.push_back(ToC(b.tensors));
-      banks.push_back({b.bank.c_str(), tensors.back().data(),
-                       static_cast<uint32_t>(tensors.back().size())});
-    }
-    const std::vector<kvt_pool_tensor> snapshot = ToC(pool.snapshot);
-    kvt_pool p{};
-    p.device = pool.device;
-    p.num_pages = pool.num_pages;
-    p.banks = banks.data();
-    p.num_banks = static_cast<uint32_t>(banks.size());
-    p.snapshot = snapshot.empty() ? nullptr : snapshot.data();
-    p.num_snapshot_tensors = static_cast<uint32_t>(snapshot.size());
-    p.num_snapshot_slots = pool.num_snapshot_slots;
+    const internal::CPool p(pool);
     kvt_transfer* t = nullptr;
     const kvt_status s = kvt_transfer_create(
-        h_.get(), static_cast<int32_t>(backend), &p, max_ctas, &t);
+        h_.get(), static_cast<int32_t>(backend), p.pool(), max_ctas, &t);
     if (s != KVT_OK) return Status::FromC(s);
     return Transfer(t);
+  }
+
+  // ---- Device pools (kvtier/kvtier_device.hpp) and mirrors.
+
+  // How many device pools the daemon reported at the first attach (0 unless
+  // kvtierd runs with --device_pool_bytes), and whether the session that
+  // reported them is still the current, open one (false forever once it
+  // ended: attach again).
+  uint32_t num_device_pools() const { return kvt_num_device_pools(h_.get()); }
+  bool device_pools_valid() const {
+    return kvt_device_pools_valid(h_.get()) != 0;
+  }
+  // Pool `index` as the daemon reported it; OUT_OF_RANGE unless index <
+  // num_device_pools().
+  Result<DevicePoolInfo> device_pool(uint32_t index) const {
+    kvt_device_pool_info p{};
+    const kvt_status s = kvt_device_pool(h_.get(), index, &p);
+    if (s != KVT_OK) return Status::FromC(s);
+    return internal::ToDevicePoolInfo(p);
+  }
+  // Opens pool `index` on the current CUDA device, which must be the pool's
+  // GPU (matched by PCI bus id). INVALID_ARGUMENT naming `index`;
+  // PERMISSION_DENIED when withheld; FAILED_PRECONDITION without a device (or
+  // a CUDA build) or on another GPU; UNAVAILABLE once the exporting session
+  // ended.
+  Result<DevicePool> OpenDevicePool(uint32_t index) const {
+    kvt_device_pool_handle* p = nullptr;
+    const kvt_status s = kvt_device_pool_open(h_.get(), index, &p);
+    if (s != KVT_OK) return Status::FromC(s);
+    return DevicePool(p);
+  }
+
+  // Lookup that also asks device pool `device_pool` for the usable snapshot
+  // (Lease::has_device_snapshot). Always over gRPC. While
+  // !device_pools_valid(): a host-only lookup. INVALID_ARGUMENT when
+  // device_pool is not below num_device_pools().
+  Result<Lease> LookupWithDevice(std::string_view hashes, uint32_t device_pool,
+                                 bool pin = true) {
+    size_t n = 0;
+    if (Status s = internal::CountHashes(hashes, hash_bytes(), &n); !s.ok()) {
+      return s;
+    }
+    kvt_lease* l = nullptr;
+    const kvt_status s = kvt_lookup_with_device(
+        h_.get(), internal::Bytes(hashes), n, device_pool, pin ? 1 : 0, &l);
+    if (s != KVT_OK) return Status::FromC(s);
+    return Lease(l);
+  }
+  // Reserve plus `device_snapshots` slots of device pool `device_pool`
+  // (Reservation::device_snapshot_rows; place them at Commit). UNAVAILABLE
+  // with device_snapshots > 0 while !device_pools_valid().
+  Result<Reservation> ReserveWithDevice(uint32_t pages, uint32_t snapshots,
+                                        uint32_t device_snapshots,
+                                        uint32_t device_pool) {
+    kvt_reservation* r = nullptr;
+    const kvt_status s = kvt_reserve_with_device(
+        h_.get(), pages, snapshots, device_snapshots, device_pool, &r);
+    if (s != KVT_OK) return Status::FromC(s);
+    return Reservation(r, hash_bytes());
+  }
+
+  // A write-through mirror over this namespace's banks and `pool`: reserves
+  // options.logical_pages rows, uploads the logical -> row table and
+  // allocates the ensure state on pool.device, initialised on `stream` (a
+  // cudaStream_t). INVALID_ARGUMENT naming the field for a bad option or a
+  // pool that does not match the banks (or max_batch x max_selected >
+  // gpu_slots); FAILED_PRECONDITION without CUDA or with banks not
+  // registered with CUDA (unless the reference backend); Reserve's errors.
+  Result<Mirror> CreateMirror(const Pool& pool, const MirrorOptions& options,
+                              void* stream) {
+    const internal::CPool p(pool);
+    kvt_mirror_options o{};
+    o.logical_pages = options.logical_pages;
+    o.gpu_slots = options.gpu_slots;
+    o.max_batch = options.max_batch;
+    o.max_selected = options.max_selected;
+    o.max_store_entries = options.max_store_entries;
+    o.copy_ctas = options.copy_ctas;
+    o.store_ctas = options.store_ctas;
+    o.backend = static_cast<int32_t>(options.backend);
+    kvt_mirror* m = nullptr;
+    const kvt_status s = kvt_mirror_create(h_.get(), p.pool(), &o, stream, &m);
+    if (s != KVT_OK) return Status::FromC(s);
+    return Mirror(m, hash_bytes());
+  }
+  // Mirror::Adopt for a reservation of this session used as a mirror (rows
+  // written by any means): the daemon copies the rows
+  // mirror.page_rows()[mirror_indices[i]] host-to-host into fresh rows and
+  // commits them under `hashes` (one per index, packed) below `parent`.
+  // `mirror` stays reserved. REQUIRES: those rows are fully written.
+  // INVALID_ARGUMENT naming mirror_indices[i] when out of range; UNAVAILABLE
+  // when `mirror` belongs to an ended session.
+  Result<CommitResult> AdoptMirror(const Reservation& mirror,
+                                   Span<uint32_t> mirror_indices,
+                                   std::string_view parent,
+                                   std::string_view hashes) {
+    size_t n = 0;
+    if (Status s = internal::CountHashes(hashes, hash_bytes(), &n); !s.ok()) {
+      return s;
+    }
+    kvt_commit_result r{};
+    const kvt_status s = kvt_adopt_mirror(
+        h_.get(), mirror.h_.get(), mirror_indices.data(), mirror_indices.size(),
+        internal::Bytes(parent), parent.size(), internal::Bytes(hashes), n, &r);
+    if (s != KVT_OK) return Status::FromC(s);
+    return internal::ToCommitResult(r);
   }
 
   // The C handle, for calls this header does not wrap. Owned by *this.
@@ -540,13 +304,6 @@ class Namespace {
             b.row_stride,
             b.cuda_registered != 0,
             b.huge_pages != 0};
-  }
-  static std::vector<kvt_pool_tensor> ToC(const std::vector<PoolTensor>& ts) {
-    std::vector<kvt_pool_tensor> out;
-    out.reserve(ts.size());
-    for (const auto& t : ts)
-      out.push_back({t.base, t.page_stride, t.bytes_per_page});
-    return out;
   }
   internal::Handle<kvt_namespace, kvt_namespace_close> h_;
   uint32_t tokens_per_page_ = 0;

@@ -3,7 +3,8 @@
 #               on an embedded default (a small demo namespace in /dev/shm, no GPU)
 #   make test   installs what is missing, builds, runs every test (GPU tests skip
 #               where there is no GPU)
-#   make test-asan  the same suite built with clang, ASan and UBSan (own folder)
+#   make test-asan  the same suite built with clang, ASan and UBSan (own folder),
+#                   the locking annotations checked by clang -Wthread-safety
 #   make test-tsan  the multi-threaded tests built with clang and TSan, on an
 #                   abseil built for TSan (own folder)
 #   make fuzz       the libFuzzer harnesses in fuzz/, FUZZ_SECONDS each
@@ -109,7 +110,7 @@ asan-configure: deps
 	@CC=clang CXX=clang++ cmake -S . -B $(ASAN_BUILD) \
 	  -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKVTIER_ENABLE_CUDA=OFF \
 	  -DKVTIER_SANITIZE=address,undefined -DKVTIER_FUZZ=ON \
-	  -DKVTIER_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
+	  -DKVTIER_THREAD_SAFETY=ON -DKVTIER_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
 
 asan-build: asan-configure
 	@cmake --build $(ASAN_BUILD) -j$(JOBS)

@@ -77,7 +77,10 @@ struct Mirror::Impl {
     // Mirrors stop storing into rows of a session that ended (the daemon
     // fences them until this process reports or exits).
     volatile uint32_t* flag = revoked;
-    watch = WatchSessionEnd(reservation, [flag] { *flag = 1; });
+    // Atomic: the session's thread sets it while the engine's thread (and
+    // the reference store) read it.
+    watch = WatchSessionEnd(
+        reservation, [flag] { __atomic_store_n(flag, 1, __ATOMIC_RELEASE); });
   }
 #if KVTIER_HAVE_CUDA
   int device = 0;
@@ -309,7 +312,8 @@ const void* Mirror::store_drops() const {
                           : impl_->d_store_drops;
 }
 bool Mirror::revoked() const {
-  return impl_->revoked != nullptr && *impl_->revoked != 0;
+  return impl_->revoked != nullptr &&
+         __atomic_load_n(impl_->revoked, __ATOMIC_ACQUIRE) != 0;
 }
 
 absl::Status Mirror::Store(const MirrorStoreEntry* entries,

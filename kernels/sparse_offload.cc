@@ -75,7 +75,10 @@ uint32_t MirrorStoreGridSize(const MirrorStoreParams& p) {
 absl::Status RunMirrorStoreReference(const MirrorStoreParams& p) {
   if (absl::Status s = CheckMirrorStoreParams(p); !s.ok()) return s;
   const MirrorStoreHeader& h = p.header;
-  if (h.revoked != nullptr && *h.revoked != 0) return absl::OkStatus();
+  // Atomic: the session's thread may set it meanwhile (client/mirror.cc).
+  if (h.revoked != nullptr && __atomic_load_n(h.revoked, __ATOMIC_ACQUIRE)) {
+    return absl::OkStatus();
+  }
   const uint32_t count = std::min(*h.count, h.max_entries);
   for (uint32_t i = 0; i < count; ++i) {
     const MirrorEntry e = h.entries[i];

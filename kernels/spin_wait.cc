@@ -6,7 +6,10 @@
 namespace kvtier::kernels {
 
 void SpinUntilReference(const volatile uint32_t* flag) {
-  while (*flag == 0) std::this_thread::yield();
+  // Atomic, as the setter's store: another thread writes the flag.
+  while (__atomic_load_n(flag, __ATOMIC_ACQUIRE) == 0) {
+    std::this_thread::yield();
+  }
 }
 
 }  // namespace kvtier::kernels

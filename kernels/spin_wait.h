@@ -15,7 +15,8 @@
 
 namespace kvtier::kernels {
 
-// Returns once *flag != 0. REQUIRES: another thread sets it.
+// Returns once *flag != 0. REQUIRES: another thread sets it, with an atomic
+// store (__atomic_store_n) when it is host memory read here.
 void SpinUntilReference(const volatile uint32_t* flag);
 
 }  // namespace kvtier::kernels

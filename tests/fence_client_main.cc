@@ -174,7 +174,7 @@ class Pool {
   }
   // Lets the stream run, and waits until it has.
   void Go() {
-    *flag_ = 1;
+    __atomic_store_n(flag_, 1, __ATOMIC_RELEASE);  // The spin reads it.
 #if KVTIER_HAVE_CUDA
     if (cuda_) {
       cudaStreamSynchronize(stream_);

@@ -57,6 +57,10 @@
 #include "client/block_hash.h"
 #include "client/pool.h"
 
+namespace kvtier::v1 {
+class LookupRequest;
+}  // namespace kvtier::v1
+
 namespace kvtier::client {
 
 class Reservation;
@@ -345,6 +349,12 @@ class Namespace {
  private:
   friend class Client;
   explicit Namespace(std::shared_ptr<NamespaceState> state);
+  // The gRPC half of a lookup whose `req` NamespaceState::Fill filled at
+  // `epoch`: asks the daemon for `hashes` and turns the answer into a Lease;
+  // a miss during an outage or when the session changed meanwhile.
+  absl::StatusOr<Lease> LookupOverGrpc(v1::LookupRequest& req,
+                                       std::string_view hashes, bool pin,
+                                       uint64_t epoch);
   std::shared_ptr<NamespaceState> state_;
 };
 

@@ -59,9 +59,17 @@ absl::StatusOr<Lease> Namespace::LookupWithDevice(std::string_view hashes,
   if (!state_->Fill(&req, &epoch)) return miss;
   // A later daemon session's pools are other allocations: ask the host only.
   if (epoch != state_->device_epoch) return Lookup(hashes, pin);
+  req.set_device_pool(device_pool);
+  return LookupOverGrpc(req, hashes, pin, epoch);
+}
+
+absl::StatusOr<Lease> Namespace::LookupOverGrpc(v1::LookupRequest& req,
+                                                std::string_view hashes,
+                                                bool pin, uint64_t epoch) {
+  Lease miss;
+  miss.ns_ = state_;
   req.set_hashes(std::string(hashes));
   req.set_pin(pin);
-  req.set_device_pool(device_pool);
   v1::LookupResponse resp;
   grpc::ClientContext ctx;
   state_->conn->Deadline(&ctx);
@@ -117,29 +125,7 @@ absl::StatusOr<Lease> Namespace::Lookup(std::string_view hashes, bool pin) {
       return lease;
     }
   }
-  req.set_hashes(std::string(hashes));
-  req.set_pin(pin);
-  v1::LookupResponse resp;
-  grpc::ClientContext ctx;
-  state_->conn->Deadline(&ctx);
-  if (absl::Status s = FromGrpcStatus(
-          state_->conn->stub->Lookup(&ctx, req, &resp), "Lookup");
-      !s.ok()) {
-    if (OutageLike(s) || !state_->Current(epoch)) return miss;
-    return s;
-  }
-  if (!state_->Current(epoch)) return miss;
-  Lease lease;
-  lease.ns_ = state_;
-  lease.lease_id_ = resp.lease_id();
-  lease.epoch_ = epoch;
-  lease.matched_pages_ = resp.matched_pages();
-  lease.usable_pages_ = resp.usable_pages();
-  lease.rows_.assign(resp.rows().begin(), resp.rows().end());
-  lease.has_snapshot_ = resp.has_snapshot();
-  lease.snapshot_row_ = resp.snapshot_row();
-  lease.Track(hashes);
-  return lease;
+  return LookupOverGrpc(req, hashes, pin, epoch);
 }
 
 absl::StatusOr<Reservation> Namespace::Reserve(uint32_t pages,

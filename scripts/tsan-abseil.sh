@@ -56,7 +56,7 @@ if command -v ccache >/dev/null; then
 fi
 CC=clang CXX=clang++ cmake -S "$out/src" -B "$out/build" "${launcher[@]}" \
   -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_STANDARD=17 -DBUILD_SHARED_LIBS=ON \
-  -DBUILD_TESTING=OFF -DCMAKE_INSTALL_PREFIX="$out" \
+  -DBUILD_TESTING=OFF -DABSL_PROPAGATE_CXX_STD=ON -DCMAKE_INSTALL_PREFIX="$out" \
   -DCMAKE_INSTALL_LIBDIR=lib \
   "-DCMAKE_CXX_FLAGS=-O1 -gline-tables-only -fsanitize=thread -fno-omit-frame-pointer" \
   "-DCMAKE_SHARED_LINKER_FLAGS=-fsanitize=thread" >/dev/null

@@ -18,6 +18,12 @@ libstdc++ or abseil helper, nor an intercepted libc call, is gRPC's (or
 protobuf's) code. A race in which either access is made by the project's
 own code (daemon/, client/, shm/, tests/, ...) fails the run.
 
+A report cut short because its process was killed while TSan was writing
+it (the tests SIGKILL daemons and engines on purpose) has no SUMMARY line;
+when what survives of it names no frame of the project's, there is nothing
+to judge: it is counted and printed, not failed. One that names a project
+frame fails like any other.
+
 Usage: tsan_reports.py LOG_DIR
 """
 import collections
@@ -57,12 +63,20 @@ def owner(stack_lines):
 
 def main():
     log_dir = sys.argv[1]
-    failures, ignored = [], collections.Counter()
+    failures, ignored, truncated = [], collections.Counter(), []
     for path in sorted(glob.glob(os.path.join(log_dir, "report.*"))):
         text = open(path, errors="replace").read()
         for report in text.split("==================\n"):
             if "WARNING: ThreadSanitizer" not in report:
                 continue
+            if "SUMMARY: ThreadSanitizer" not in report:
+                # Cut short by the process's death (see the docstring).
+                frames = [l for l in report.splitlines() if FRAME.match(l)]
+                if owner(frames) != "project" and not any(
+                        FRAME.match(l).group("file").startswith(ROOT + "/")
+                        and "/abseil-tsan/" not in l for l in frames):
+                    truncated.append((path, report))
+                    continue
             if "WARNING: ThreadSanitizer: data race" in report:
                 # The two accesses: "Write of size..." / "Previous read...".
                 blocks = re.split(r"\n  (?=[A-Z])", report)
@@ -81,6 +95,9 @@ def main():
               f"(tests/tsan_reports.py), by gRPC function:")
         for func, n in ignored.most_common():
             print(f"  {n:4d}  {func}")
+    for path, report in truncated:
+        print(f"tsan: a report cut short by its process's death, with no "
+              f"project frame to judge ({path}):\n{report.strip()}")
     for path, report in failures:
         print(f"=== TSan report ({path}):\n{report}")
     if failures:

@@ -65,12 +65,12 @@ ABSL_DECLARE_FLAG(bool, verify);
 
 namespace kvtier::bench {
 
-using client::HostBankView;
-using client::NamedHostBank;
-using client::TransferEngine;
 using client::BankPool;
 using client::GpuPoolDescriptor;
+using client::HostBankView;
+using client::NamedHostBank;
 using client::PoolTensor;
+using client::TransferEngine;
 using Clock = std::chrono::steady_clock;
 
 constexpr uint64_t kKiB = 1024;

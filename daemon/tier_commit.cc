@@ -101,13 +101,11 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
     return s;
   }
   HashKey parent;
-  const bool has_parent = !req.parent_hash().empty();
-  if (has_parent) {
-    if (absl::Status s = ParseOneHash(req.parent_hash(), ns.hash_bytes,
-                                      "parent_hash", &parent);
-        !s.ok()) {
-      return s;
-    }
+  bool has_parent = false;
+  if (absl::Status s = ParseOptionalHash(req.parent_hash(), ns.hash_bytes,
+                                         "parent_hash", &parent, &has_parent);
+      !s.ok()) {
+    return s;
   }
   absl::MutexLock lock(&ns.mu);
   auto it = ns.reservations.find(req.reservation_id());
@@ -211,13 +209,11 @@ absl::Status TierCore::AdoptMirror(const v1::CommitRequest& req,
                      " indices for ", keys.size(), " hashes"));
   }
   HashKey parent;
-  const bool has_parent = !req.parent_hash().empty();
-  if (has_parent) {
-    if (absl::Status s = ParseOneHash(req.parent_hash(), ns.hash_bytes,
-                                      "parent_hash", &parent);
-        !s.ok()) {
-      return s;
-    }
+  bool has_parent = false;
+  if (absl::Status s = ParseOptionalHash(req.parent_hash(), ns.hash_bytes,
+                                         "parent_hash", &parent, &has_parent);
+      !s.ok()) {
+    return s;
   }
   absl::MutexLock lock(&ns.mu);
   auto it = ns.reservations.find(req.reservation_id());

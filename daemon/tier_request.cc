@@ -29,6 +29,14 @@ absl::Status ParseOneHash(const std::string& bytes, uint32_t hash_bytes,
   return absl::OkStatus();
 }
 
+absl::Status ParseOptionalHash(const std::string& bytes, uint32_t hash_bytes,
+                               absl::string_view field, HashKey* out,
+                               bool* present) {
+  *present = !bytes.empty();
+  if (!*present) return absl::OkStatus();
+  return ParseOneHash(bytes, hash_bytes, field, out);
+}
+
 absl::Status ParseHashes(absl::string_view bytes, uint32_t hash_bytes,
                          uint32_t max_count, absl::string_view field,
                          std::vector<HashKey>* out) {

@@ -26,6 +26,12 @@ absl::Status CheckApiVersion(uint32_t v);
 absl::Status ParseOneHash(const std::string& bytes, uint32_t hash_bytes,
                           absl::string_view field, HashKey* out);
 
+// A hash that may be absent (a parent_hash): empty `bytes` sets *present
+// false and leaves *out alone; otherwise as ParseOneHash, *present true.
+absl::Status ParseOptionalHash(const std::string& bytes, uint32_t hash_bytes,
+                               absl::string_view field, HashKey* out,
+                               bool* present);
+
 // Splits packed `bytes` into keys of `hash_bytes` each (zero-padded) into
 // *out; INVALID_ARGUMENT naming `field` when the size is not a multiple of
 // hash_bytes or there are more than `max_count`. REQUIRES: 0 < hash_bytes

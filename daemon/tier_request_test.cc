@@ -37,6 +37,24 @@ TEST(ParseOneHash, NamesTheFieldOfAWrongSize) {
   EXPECT_THAT(s.message(), HasSubstr("parent_hash: must be 16 bytes, got 15"));
 }
 
+TEST(ParseOptionalHash, AbsentIsOkAndLeavesTheKey) {
+  HashKey k;
+  k.bytes.fill(7);
+  bool present = true;
+  ASSERT_TRUE(ParseOptionalHash("", 16, "parent_hash", &k, &present).ok());
+  EXPECT_FALSE(present);
+  EXPECT_EQ(k.bytes[0], 7);
+  ASSERT_TRUE(
+      ParseOptionalHash(std::string(16, 'a'), 16, "parent_hash", &k, &present)
+          .ok());
+  EXPECT_TRUE(present);
+  EXPECT_EQ(k.bytes[0], 'a');
+  absl::Status s =
+      ParseOptionalHash(std::string(3, 'a'), 16, "parent_hash", &k, &present);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("parent_hash"));
+}
+
 TEST(ParseHashes, SplitsPackedHashes) {
   std::vector<HashKey> keys;
   const std::string packed = std::string(8, 'a') + std::string(8, 'b');

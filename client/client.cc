@@ -5,6 +5,8 @@
 // Thread-safety: thread-safe; the Connection it owns is.
 #include "client/client.h"
 
+#include <unistd.h>
+
 #include <memory>
 #include <thread>
 #include <utility>
@@ -18,8 +20,6 @@
 #include "client/namespace_state.h"
 #include "client/outage.h"
 #include "common/default_socket.h"
-#include "common/grpc_status.h"
-#include "grpcpp/create_channel.h"
 #include "shm/trusted_path.h"
 
 namespace kvtier::client {
@@ -32,22 +32,16 @@ Client::~Client() = default;
 uint64_t Client::session_id() const { return connection_->session_id.load(); }
 const std::string& Client::socket() const { return connection_->socket; }
 bool Client::session_alive() const { return connection_->alive.load(); }
-bool Client::fast_lookup_active() const { return connection_->fast.active(); }
+bool Client::fast_lookup_active() const {
+  return connection_->fast_lookup && connection_->link.active();
+}
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
     const ConnectOptions& options) {
   auto conn = std::make_shared<Connection>();
   conn->socket = ResolveClientSocket(options.socket);
+  conn->engine_socket = conn->socket + ".lookup";
   conn->timeout = options.timeout;
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  // Each Client is its own connection, as each engine process is.
-  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-  // A restarted daemon is found again within ~a second, not gRPC's default
-  // backoff of up to two minutes.
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   conn->client_name = options.client_name;
   if (!options.instance_id.empty() && options.instance_id.size() != 16) {
     return absl::InvalidArgumentError(
@@ -70,25 +64,35 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   }
   conn->fast_lookup = options.fast_lookup;
   conn->reconnect = options.reconnect;
-  conn->channel = grpc::CreateCustomChannel(
-      "unix:" + conn->socket, grpc::InsecureChannelCredentials(), args);
-  if (!conn->channel->WaitForConnected(
-          absl::ToChronoTime(absl::Now() + options.timeout))) {
-    return absl::UnavailableError(absl::StrCat(
-        "cannot connect to kvtierd at unix:", conn->socket,
-        " (is the daemon running? set --socket or $KVTIER_SOCKET)"));
-  }
-  // Who answered: the socket's owner is the daemon, if its folder is one
-  // nobody else could have put a socket in (shm/trusted_path.h).
-  auto daemon_uid = shm::CheckDaemonSocket(conn->socket);
-  if (!daemon_uid.ok()) return daemon_uid.status();
-  conn->daemon_uid = *daemon_uid;
-  conn->stub = v1::TierService::NewStub(conn->channel);
-  auto session = conn->OpenSession();
+  // Waits for the daemon (its socket may not be there yet) up to the
+  // timeout, as a gRPC channel's WaitForConnected did.
+  auto session = conn->OpenSession(absl::Now() + options.timeout,
+                                   /*wait_for_daemon=*/true);
   if (!session.ok()) return session.status();
+  // Who answered: the socket's owner is the daemon, if its folder is one
+  // nobody else could have put a socket in (shm/trusted_path.h); the engine
+  // socket beside it must be the same uid's.
+  auto daemon_uid = shm::CheckDaemonSocket(conn->socket);
+  auto engine_uid = daemon_uid.ok()
+                        ? shm::CheckDaemonSocket(conn->engine_socket)
+                        : daemon_uid;
+  if (daemon_uid.ok() && engine_uid.ok() && *engine_uid != *daemon_uid) {
+    engine_uid = absl::PermissionDeniedError(absl::StrCat(
+        conn->engine_socket, " is uid ", *engine_uid, "'s, but ", conn->socket,
+        " is uid ", *daemon_uid, "'s: not the daemon's engine socket"));
+  }
+  if (!engine_uid.ok()) {
+    ::close(session->fd);
+    return engine_uid.status();
+  }
+  conn->daemon_uid = *daemon_uid;
   conn->session_id = session->id;
-  conn->fast.Connect(session->fast_lookup_socket, session->id, conn->timeout,
-                     options.fast_lookup);
+  if (absl::Status s =
+          conn->link.Bind(conn->engine_socket, session->id, conn->timeout);
+      !s.ok()) {
+    ::close(session->fd);
+    return s;
+  }
   conn->epoch = 1;
   conn->alive = true;
   Connection* raw = conn.get();
@@ -132,13 +136,7 @@ absl::StatusOr<std::unique_ptr<Namespace>> Client::Attach(
     return Unreachable("Attach");
   }
   v1::AttachResponse resp;
-  grpc::ClientContext ctx;
-  connection_->AttachDeadline(&ctx);
-  if (absl::Status s =
-          FromGrpcStatus(connection_->stub->Attach(&ctx, req, &resp), "Attach");
-      !s.ok()) {
-    return connection_->ExplainAttach(std::move(s));
-  }
+  if (absl::Status s = connection_->CallAttach(req, &resp); !s.ok()) return s;
 
   auto state = std::make_shared<NamespaceState>();
   state->conn = connection_;
@@ -198,10 +196,8 @@ absl::StatusOr<DropResult> Client::Drop(const std::string& name,
   // under --namespace_acl (docs/operations.md, "Security model").
   req.set_session_id(connection_->session_id.load());
   v1::DropResponse resp;
-  grpc::ClientContext ctx;
-  connection_->Deadline(&ctx);
   if (absl::Status s =
-          FromGrpcStatus(connection_->stub->Drop(&ctx, req, &resp), "Drop");
+          connection_->Call(fastpath::Method::kDrop, "Drop", req, &resp);
       !s.ok()) {
     return s;
   }

@@ -31,9 +31,9 @@
 // be queued (a CUDA device, or a ReferenceStream) keeps its rows fenced
 // until the process exits.
 //
-// The API exposes no protobuf or gRPC types (absl::Status/StatusOr and
-// absl::Span only). Outage statuses carry an ErrorReason payload
-// (common/error_reason.h).
+// The API exposes no protobuf types (absl::Status/StatusOr and absl::Span
+// only); it speaks the engine protocol (common/fast_lookup.h), no gRPC. Outage
+// statuses carry an ErrorReason payload (common/error_reason.h).
 //
 // Thread-safety: Client and Namespace are thread-safe. Lease and Reservation
 // are move-only handles owned by one thread at a time; their destructors
@@ -105,9 +105,10 @@ struct Capacity {
 struct ConnectOptions {
   std::string socket;       // Empty: $KVTIER_SOCKET, /run/kvtier, default.
   std::string client_name;  // Shown to operators.
-  absl::Duration timeout = absl::Seconds(5);  // Connect and per-RPC deadline.
-  // Use the daemon's fast lookup path (a framed protocol on a second unix
-  // socket) for Lookup when it offers one; false: always gRPC.
+  absl::Duration timeout = absl::Seconds(5);  // Connect and per-call deadline.
+  // Send lookups as the engine protocol's binary lookup frames
+  // (common/fast_lookup.h); false: as Lookup calls (protobuf), the way
+  // LookupWithDevice always goes. Both ask the same daemon code.
   bool fast_lookup = true;
   // Reopen the session and re-attach the namespaces when the daemon goes
   // away (retrying every 20 ms, backing off to 1 s); false: stay down.
@@ -320,7 +321,7 @@ class Namespace {
   absl::StatusOr<Lease> Lookup(std::string_view hashes, bool pin = true);
   // Lookup that also asks device pool `device_pool` (index into
   // device_pools()) for the usable snapshot (Lease::has_device_snapshot).
-  // Always over gRPC. While !device_pools_valid(): a host-only Lookup.
+  // Always a Lookup call. While !device_pools_valid(): a host-only Lookup.
   absl::StatusOr<Lease> LookupWithDevice(std::string_view hashes,
                                          uint32_t device_pool, bool pin = true);
   // UNAVAILABLE while the daemon is unreachable or not re-attached;
@@ -349,10 +350,10 @@ class Namespace {
  private:
   friend class Client;
   explicit Namespace(std::shared_ptr<NamespaceState> state);
-  // The gRPC half of a lookup whose `req` NamespaceState::Fill filled at
+  // The Lookup call of a lookup whose `req` NamespaceState::Fill filled at
   // `epoch`: asks the daemon for `hashes` and turns the answer into a Lease;
   // a miss during an outage or when the session changed meanwhile.
-  absl::StatusOr<Lease> LookupOverGrpc(v1::LookupRequest& req,
+  absl::StatusOr<Lease> LookupOverCall(v1::LookupRequest& req,
                                        std::string_view hashes, bool pin,
                                        uint64_t epoch);
   std::shared_ptr<NamespaceState> state_;
@@ -379,7 +380,7 @@ class Client {
   // restarted) until a new one is open and every namespace re-attached.
   // session_id() changes with each new session.
   bool session_alive() const;
-  // True while lookups go over the fast path rather than gRPC.
+  // True while lookups go as binary frames rather than Lookup calls.
   bool fast_lookup_active() const;
 
   // Creates or opens a namespace and maps its banks.

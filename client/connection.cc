@@ -1,12 +1,15 @@
-// Connection (client/connection.h): the session stream, its reopening after
-// an outage, the fence report, and the clean close.
+// Connection (client/connection.h): the session connection, its reopening
+// after an outage, the fence report, and the clean close.
 #include "client/connection.h"
 
+#include <sys/socket.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/namespace_state.h"
 
@@ -17,25 +20,31 @@ Connection::~Connection() {
   {
     absl::MutexLock lock(&mu);
     stopping = true;
-    // A clean close: with nothing held, the daemon may hand this session's
-    // rows out at once rather than fence them until the process exits.
-    if (session_stream != nullptr) {
-      v1::SessionRequest bye;
-      bye.set_api_version(1);
-      bye.mutable_goodbye()->set_quiescent(tracker.size() == 0);
-      if (session_stream->Write(bye)) session_stream->WritesDone();
-      mu.AwaitWithTimeout(
-          absl::Condition(
-              +[](Connection* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) {
-                return c->session_context == nullptr;
-              },
-              this),
-          std::min(timeout, absl::Seconds(2)));
+    if (session_fd >= 0) {
+      // A clean close: with nothing held, the daemon may hand this
+      // session's rows out at once rather than fence them until the process
+      // exits. The daemon closes the session when the connection ends.
+      const fastpath::Control bye{
+          .kind = static_cast<uint32_t>(fastpath::ControlKind::kGoodbye),
+          .arg = tracker.size() == 0 ? 1u : 0u};
+      iovec iov{const_cast<fastpath::Control*>(&bye), sizeof(bye)};
+      if (fastpath::WriteFullV(session_fd, &iov, 1)) {
+        ::shutdown(session_fd, SHUT_WR);
+        // The daemon answers the end of our side by closing its own, which
+        // ends the session thread's read.
+        mu.AwaitWithTimeout(
+            absl::Condition(
+                +[](Connection* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu) {
+                  return c->session_fd < 0;
+                },
+                this),
+            std::min(timeout, absl::Seconds(2)));
+      }
     }
-    if (session_context != nullptr) session_context->TryCancel();
+    if (session_fd >= 0) ::shutdown(session_fd, SHUT_RDWR);
   }
   if (session_thread.joinable()) session_thread.join();
-  fast.Close();
+  link.Close();
 }
 
 void Connection::SessionEnded(uint64_t ended) {
@@ -56,84 +65,88 @@ void Connection::ReleaseHold(uint64_t hold) {
   req.set_session_id(session_id.load());
   req.add_release(hold);
   v1::FenceResponse resp;
-  grpc::ClientContext ctx;
-  Deadline(&ctx);
-  (void)stub->Fence(&ctx, req, &resp);
+  (void)Call(fastpath::Method::kFence, "Fence", req, &resp);
 }
 
-absl::Status Connection::ExplainAttach(absl::Status s) const {
-  // The daemon's message is the only sign of this refusal (it carries no
-  // ErrorReason); at worst a reworded message loses the explanation.
-  if (!absl::IsFailedPrecondition(s) ||
-      !absl::StrContains(s.message(), "no verified peer credentials")) {
-    return s;
-  }
-  const std::string why = fast.last_error();
-  if (why.empty()) return s;
-  return absl::Status(
-      s.code(), absl::StrCat(s.message(),
-                             ". This client could not bind them: the fast "
-                             "lookup Hello failed: ",
-                             why,
-                             ". Attach needs it unless kvtierd runs with "
-                             "--require_peer_credentials=false"));
-}
-
-absl::StatusOr<Connection::Session> Connection::OpenSession() {
-  Session s;
-  s.context = std::make_unique<grpc::ClientContext>();
+absl::StatusOr<Connection::Session> Connection::OpenSession(
+    absl::Time deadline, bool wait_for_daemon) {
   {
     absl::MutexLock lock(&mu);
     if (stopping) return absl::CancelledError("the client is closing");
-    session_context = s.context.get();
   }
-  s.stream = stub->Session(s.context.get());
-  v1::SessionRequest hello;
-  hello.set_api_version(1);
-  hello.mutable_hello()->set_client_name(client_name);
-  hello.mutable_hello()->set_pid(static_cast<uint32_t>(getpid()));
-  hello.mutable_hello()->set_instance_id(instance_id);
-  hello.mutable_hello()->set_connection_id(connection_id);
-  hello.mutable_hello()->set_fence_version(1);
-  v1::SessionEvent opened;
-  if (!s.stream->Write(hello) || !s.stream->Read(&opened) ||
-      !opened.has_opened()) {
-    grpc::Status st = s.stream->Finish();
-    {
-      absl::MutexLock lock(&mu);
-      session_context = nullptr;
+  v1::Hello hello;
+  hello.set_client_name(client_name);
+  hello.set_pid(static_cast<uint32_t>(getpid()));
+  hello.set_instance_id(instance_id);
+  hello.set_connection_id(connection_id);
+  hello.set_fence_version(1);
+  const std::string bytes = hello.SerializeAsString();
+  fastpath::Open open;
+  open.hello_bytes = static_cast<uint32_t>(bytes.size());
+  const iovec frame[2] = {{&open, sizeof(open)},
+                          {const_cast<char*>(bytes.data()), bytes.size()}};
+  fastpath::OpenReply reply;
+  std::string why;
+  const int fd =
+      DialEngineSocket(engine_socket, frame, 2, &reply, sizeof(reply), deadline,
+                       wait_for_daemon, &why);
+  if (fd < 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "kvtierd did not open a session on ", why,
+        " (is the daemon running, and as new as this library? set --socket "
+        "or $KVTIER_SOCKET)"));
+  }
+  if (reply.magic != fastpath::kReplyMagic || reply.code != 0 ||
+      reply.session_id == 0) {
+    std::string message(
+        std::min(reply.message_bytes, fastpath::kMaxMessageBytes), '\0');
+    if (reply.magic != fastpath::kReplyMagic ||
+        !fastpath::ReadFull(fd, message.data(), message.size())) {
+      message = "malformed reply";
     }
+    ::close(fd);
+    const auto code = reply.code != 0
+                          ? static_cast<absl::StatusCode>(reply.code)
+                          : absl::StatusCode::kUnavailable;
+    return absl::Status(
+        code, absl::StrCat("kvtierd did not open a session: ", message));
+  }
+  // The session thread blocks in read() until the session ends; the
+  // Goodbye's write is bounded.
+  const timeval none{};
+  const timeval bounded = absl::ToTimeval(std::min(timeout, absl::Seconds(2)));
+  if (::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none)) != 0 ||
+      ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &bounded, sizeof(bounded)) !=
+          0) {
+    ::close(fd);
     return absl::UnavailableError(
-        absl::StrCat("kvtierd at unix:", socket,
-                     " did not open a session: ", st.error_message()));
+        absl::StrCat("session socket: setsockopt: ", std::strerror(errno)));
   }
-  s.id = opened.opened().session_id();
-  s.fast_lookup_socket = opened.opened().fast_lookup_socket();
-  {
-    absl::MutexLock lock(&mu);
-    session_stream = s.stream.get();
+  absl::MutexLock lock(&mu);
+  if (stopping) {
+    ::close(fd);
+    return absl::CancelledError("the client is closing");
   }
-  return s;
+  session_fd = fd;
+  return Session{.fd = fd, .id = reply.session_id};
 }
 
 void Connection::KeepSession(Session session) {
   for (;;) {
-    v1::SessionEvent event;
-    while (session.stream->Read(&event)) {
+    // Control frames (Draining) until the daemon closes the connection.
+    fastpath::Control c;
+    while (fastpath::ReadFull(session.fd, &c, sizeof(c)) &&
+           c.magic == fastpath::kControlMagic) {
     }
     // The daemon stopped, died or restarted: everything of this session is
     // void from here on.
     alive = false;
     SessionEnded(epoch.load());
-    fast.Close();
+    link.Close();
     {
       absl::MutexLock lock(&mu);
-      session_stream = nullptr;
-    }
-    (void)session.stream->Finish();
-    {
-      absl::MutexLock lock(&mu);
-      session_context = nullptr;
+      session_fd = -1;
+      ::close(session.fd);
     }
     session = Session();
     if (!reconnect) return;
@@ -145,18 +158,20 @@ void Connection::KeepSession(Session session) {
         if (stopping) return;
       }
       backoff = std::min(backoff * 2, absl::Seconds(1));
-      if (!channel->WaitForConnected(
-              absl::ToChronoTime(absl::Now() + absl::Milliseconds(250)))) {
+      auto opened =
+          OpenSession(absl::Now() + std::min(timeout, absl::Seconds(1)),
+                      /*wait_for_daemon=*/false);
+      if (!opened.ok()) continue;
+      session = *opened;
+      session_id = session.id;
+      // The call connections join the new session before any attach.
+      if (!link.Bind(engine_socket, session.id, timeout).ok()) {
+        absl::MutexLock lock(&mu);
+        session_fd = -1;
+        ::close(session.fd);
+        session = Session();
         continue;
       }
-      auto opened = OpenSession();
-      if (!opened.ok()) continue;
-      session = *std::move(opened);
-      session_id = session.id;
-      // Binds this process's credentials to the new session before any
-      // attach, as Connect does.
-      fast.Connect(session.fast_lookup_socket, session.id, timeout,
-                   fast_lookup);
       const uint64_t next = epoch.load() + 1;
       ReattachAll(session.id, next);
       ReportHeld(session.id, next);
@@ -178,14 +193,12 @@ void Connection::ReportHeld(uint64_t session, uint64_t next_epoch) {
   // exits (never unsafe): try it a few times.
   for (int attempt = 0; attempt < 3; ++attempt) {
     v1::FenceResponse resp;
-    grpc::ClientContext ctx;
-    Deadline(&ctx);
-    const grpc::Status s = stub->Fence(&ctx, req, &resp);
+    const absl::Status s = Call(fastpath::Method::kFence, "Fence", req, &resp);
     if (s.ok()) {
       tracker.SetHolds(tokens, resp);
       return;
     }
-    if (s.error_code() == grpc::StatusCode::UNIMPLEMENTED) return;
+    if (absl::IsUnimplemented(s)) return;
     absl::SleepFor(absl::Milliseconds(50));
   }
 }

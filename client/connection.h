@@ -1,11 +1,12 @@
-// Connection: one Client's link to kvtierd: the gRPC channel and stub, the
-// current session, the session thread that reopens it when the daemon goes
-// away, the fast lookup path, the worker thread for deferred RPCs, and what
-// this process holds (the fence tracker).
+// Connection: one Client's link to kvtierd over its engine socket
+// (common/fast_lookup.h; no gRPC): the current session, held by a session
+// connection, the session thread that reopens it when the daemon goes away,
+// the call connections (client/engine_link.h), the worker thread for
+// deferred calls, and what this process holds (the fence tracker).
 //
-// The session thread reads the Session stream until it ends (the daemon
+// The session thread reads the session connection until it ends (the daemon
 // stopped, died or restarted), then with backoff opens a new session,
-// rebinds the fast path, re-attaches every live namespace (remapping
+// rebinds the call connections, re-attaches every live namespace (remapping
 // recreated banks in place: client/bank_mapping.h) and reports what the
 // process still holds (the fence), until it succeeds or the client closes.
 //
@@ -17,8 +18,8 @@
 // Thread-safety: thread-safe. Fields are grouped as immutable after
 // Client::Connect, atomics, and guarded by a named mutex. Destroying the
 // Connection (when the Client and its namespaces, leases and reservations
-// are gone) runs the queued deferred work, says Goodbye and joins the
-// session thread.
+// are gone) runs the queued deferred work, says Goodbye, waits briefly for
+// the daemon to close the session and joins the session thread.
 #ifndef KVTIER_CLIENT_CONNECTION_H_
 #define KVTIER_CLIENT_CONNECTION_H_
 
@@ -41,12 +42,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "client/fast_lookup_client.h"
+#include "client/engine_link.h"
 #include "client/fence_tracker.h"
 #include "client/worker.h"
-#include "grpcpp/channel.h"
-#include "grpcpp/client_context.h"
-#include "kvtier/v1/tier.grpc.pb.h"
+#include "common/fast_lookup.h"
+#include "kvtier/v1/tier.pb.h"
 #include "shm/trusted_path.h"
 
 namespace kvtier::client {
@@ -57,22 +57,22 @@ struct NamespaceState;
 inline constexpr absl::Duration kAttachTimeout = absl::Minutes(2);
 
 struct Connection {
-  using Stream = grpc::ClientReaderWriter<v1::SessionRequest, v1::SessionEvent>;
   struct Session {
-    std::unique_ptr<grpc::ClientContext> context;
-    std::unique_ptr<Stream> stream;
+    int fd = -1;  // The session connection; the session ends with it.
     uint64_t id = 0;
-    std::string fast_lookup_socket;
   };
 
   ~Connection();
 
-  // Opens a session stream (Hello, Opened). UNAVAILABLE when the daemon
-  // does not answer; CANCELLED once the connection is stopping.
-  absl::StatusOr<Session> OpenSession();
-  // The session thread: reads the stream until it ends, then reopens a
-  // session, rebinds the fast path and re-attaches the namespaces, with
-  // backoff, until it succeeds or the connection stops.
+  // Opens a session (a session connection: Open, OpenReply) before
+  // `deadline`, waiting for the daemon's socket while it is not there when
+  // `wait_for_daemon`. UNAVAILABLE when the daemon does not answer, its
+  // error when it refuses; CANCELLED once the connection is stopping.
+  absl::StatusOr<Session> OpenSession(absl::Time deadline,
+                                      bool wait_for_daemon);
+  // The session thread: reads the session connection until it ends, then
+  // reopens a session, rebinds the call connections and re-attaches the
+  // namespaces, with backoff, until it succeeds or the connection stops.
   void KeepSession(Session session);
   // Re-attaches every live namespace to session `session_id` and marks it
   // valid for `next_epoch`; a namespace that fails stays stale.
@@ -88,24 +88,25 @@ struct Connection {
   // is not running and never will (callbacks are short: set a flag).
   void SessionEnded(uint64_t ended);
 
-  // `s`, an Attach's error, with why this client's credentials are unbound
-  // when the daemon refused it for that.
-  absl::Status ExplainAttach(absl::Status s) const;
-
-  // Sets the per-RPC deadline.
-  void Deadline(grpc::ClientContext* ctx) const {
-    ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  // Runs call `method` (v1.<what>Request -> v1.<what>Response) within the
+  // per-call timeout: client/engine_link.h.
+  absl::Status Call(fastpath::Method method, absl::string_view what,
+                    const google::protobuf::MessageLite& request,
+                    google::protobuf::MessageLite* response) {
+    return link.Call(method, what, request, response, timeout);
   }
   // Attach may create a namespace, which populates its banks (seconds per
   // GiB on 4 KiB pages): it gets at least kAttachTimeout, whatever the
-  // per-RPC deadline, so a short deadline for lookups never fails it.
-  void AttachDeadline(grpc::ClientContext* ctx) const {
-    ctx->set_deadline(
-        absl::ToChronoTime(absl::Now() + std::max(timeout, kAttachTimeout)));
+  // per-call timeout, so a short deadline for lookups never fails it.
+  absl::Status CallAttach(const v1::AttachRequest& request,
+                          v1::AttachResponse* response) {
+    return link.Call(fastpath::Method::kAttach, "Attach", request, response,
+                     std::max(timeout, kAttachTimeout));
   }
 
   // Immutable after Client::Connect.
-  std::string socket;
+  std::string socket;         // kvtierd's main (gRPC) socket.
+  std::string engine_socket;  // <socket>.lookup: what this client speaks.
   // The socket's owner (shm::CheckDaemonSocket): every segment mapped must
   // be this uid's, so a file planted under a bank's name is never mapped.
   uid_t daemon_uid = shm::kAnyOwner;
@@ -113,10 +114,9 @@ struct Connection {
   std::string client_name;
   std::string instance_id;     // 16 bytes (fence protocol).
   uint64_t connection_id = 0;  // Random, non-zero, for the whole Client.
+  // Lookups as binary frames (else as Lookup calls, as LookupWithDevice).
   bool fast_lookup = true;
   bool reconnect = true;
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<v1::TierService::Stub> stub;
   std::thread session_thread;
 
   std::atomic<uint64_t> session_id{0};
@@ -128,8 +128,8 @@ struct Connection {
   std::unique_ptr<Worker> worker = std::make_unique<Worker>();
   // What this process holds, to report after a reconnection.
   FenceTracker tracker;
-  // The fast lookup path; lookups use gRPC while it is not active.
-  FastLookupClient fast;
+  // The call connections of the current session.
+  EngineLink link;
 
   // Callbacks for the end of a session (WatchSessionEnd): token ->
   // (epoch, callback).
@@ -140,10 +140,9 @@ struct Connection {
 
   absl::Mutex mu;
   bool stopping ABSL_GUARDED_BY(mu) = false;
-  // The open (or opening) session's context, for ~Connection to cancel, and
-  // its stream, for the Goodbye.
-  grpc::ClientContext* session_context ABSL_GUARDED_BY(mu) = nullptr;
-  Stream* session_stream ABSL_GUARDED_BY(mu) = nullptr;
+  // The open session's connection, for ~Connection's Goodbye and shutdown
+  // (never closed but by the session thread, under mu); -1 when none.
+  int session_fd ABSL_GUARDED_BY(mu) = -1;
   // The namespaces to re-attach after a reconnection.
   std::vector<std::weak_ptr<NamespaceState>> namespaces ABSL_GUARDED_BY(mu);
 };

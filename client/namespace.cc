@@ -1,4 +1,4 @@
-// Namespace (client/client.h): lookups (fast path first, then gRPC),
+// Namespace (client/client.h): lookups (binary frames, or Lookup calls),
 // reservations, mirror adoption and transfer engines over the mapped banks.
 // During an outage a lookup is a miss and a reservation UNAVAILABLE
 // (client/outage.h).
@@ -12,7 +12,6 @@
 #include "client/namespace_state.h"
 #include "client/outage.h"
 #include "client/transfer_engine.h"
-#include "common/grpc_status.h"
 
 namespace kvtier::client {
 
@@ -60,10 +59,10 @@ absl::StatusOr<Lease> Namespace::LookupWithDevice(std::string_view hashes,
   // A later daemon session's pools are other allocations: ask the host only.
   if (epoch != state_->device_epoch) return Lookup(hashes, pin);
   req.set_device_pool(device_pool);
-  return LookupOverGrpc(req, hashes, pin, epoch);
+  return LookupOverCall(req, hashes, pin, epoch);
 }
 
-absl::StatusOr<Lease> Namespace::LookupOverGrpc(v1::LookupRequest& req,
+absl::StatusOr<Lease> Namespace::LookupOverCall(v1::LookupRequest& req,
                                                 std::string_view hashes,
                                                 bool pin, uint64_t epoch) {
   Lease miss;
@@ -71,10 +70,8 @@ absl::StatusOr<Lease> Namespace::LookupOverGrpc(v1::LookupRequest& req,
   req.set_hashes(std::string(hashes));
   req.set_pin(pin);
   v1::LookupResponse resp;
-  grpc::ClientContext ctx;
-  state_->conn->Deadline(&ctx);
-  if (absl::Status s = FromGrpcStatus(
-          state_->conn->stub->Lookup(&ctx, req, &resp), "Lookup");
+  if (absl::Status s =
+          state_->conn->Call(fastpath::Method::kLookup, "Lookup", req, &resp);
       !s.ok()) {
     if (OutageLike(s) || !state_->Current(epoch)) return miss;
     return s;
@@ -103,29 +100,28 @@ absl::StatusOr<Lease> Namespace::Lookup(std::string_view hashes, bool pin) {
   v1::LookupRequest req;
   uint64_t epoch = 0;
   if (!state_->Fill(&req, &epoch)) return miss;
-  {
-    absl::Status status;
-    fastpath::Reply reply;
-    Lease lease;
-    if (state_->conn->fast.Lookup(req.namespace_id(), hashes, pin, &status,
-                                  &reply, &lease.rows_)) {
-      if (!state_->Current(epoch)) return miss;
-      if (!status.ok()) {
-        if (OutageLike(status)) return miss;
-        return status;
-      }
-      lease.ns_ = state_;
-      lease.lease_id_ = reply.lease_id;
-      lease.epoch_ = epoch;
-      lease.matched_pages_ = reply.matched_pages;
-      lease.usable_pages_ = reply.usable_pages;
-      lease.has_snapshot_ = reply.has_snapshot != 0;
-      lease.snapshot_row_ = reply.snapshot_row;
-      lease.Track(hashes);
-      return lease;
-    }
+  if (!state_->conn->fast_lookup) {
+    return LookupOverCall(req, hashes, pin, epoch);
   }
-  return LookupOverGrpc(req, hashes, pin, epoch);
+  fastpath::Reply reply;
+  Lease lease;
+  const absl::Status status =
+      state_->conn->link.Lookup(req.namespace_id(), hashes, pin,
+                                state_->conn->timeout, &reply, &lease.rows_);
+  if (!state_->Current(epoch)) return miss;
+  if (!status.ok()) {
+    if (OutageLike(status)) return miss;
+    return status;
+  }
+  lease.ns_ = state_;
+  lease.lease_id_ = reply.lease_id;
+  lease.epoch_ = epoch;
+  lease.matched_pages_ = reply.matched_pages;
+  lease.usable_pages_ = reply.usable_pages;
+  lease.has_snapshot_ = reply.has_snapshot != 0;
+  lease.snapshot_row_ = reply.snapshot_row;
+  lease.Track(hashes);
+  return lease;
 }
 
 absl::StatusOr<Reservation> Namespace::Reserve(uint32_t pages,
@@ -145,10 +141,8 @@ absl::StatusOr<Reservation> Namespace::Reserve(uint32_t pages,
   req.set_device_snapshots(device_snapshots);
   req.set_device_pool(device_pool);
   v1::ReserveResponse resp;
-  grpc::ClientContext ctx;
-  state_->conn->Deadline(&ctx);
-  if (absl::Status s = FromGrpcStatus(
-          state_->conn->stub->Reserve(&ctx, req, &resp), "Reserve");
+  if (absl::Status s =
+          state_->conn->Call(fastpath::Method::kReserve, "Reserve", req, &resp);
       !s.ok()) {
     if (OutageLike(s) || !state_->Current(epoch)) {
       return Unreachable("Reserve");
@@ -191,10 +185,8 @@ absl::StatusOr<CommitResult> Namespace::AdoptMirror(
   req.set_parent_hash(std::string(parent_hash));
   req.set_hashes(std::string(hashes));
   v1::CommitResponse resp;
-  grpc::ClientContext ctx;
-  state_->conn->Deadline(&ctx);
-  if (absl::Status s = FromGrpcStatus(
-          state_->conn->stub->Commit(&ctx, req, &resp), "AdoptMirror");
+  if (absl::Status s = state_->conn->Call(fastpath::Method::kCommit,
+                                          "AdoptMirror", req, &resp);
       !s.ok()) {
     if (OutageLike(s) || !state_->Current(epoch)) {
       return Unreachable("AdoptMirror");

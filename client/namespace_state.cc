@@ -9,7 +9,6 @@
 #include "client/cuda_host.h"
 #include "client/outage.h"
 #include "client/reference_stream.h"
-#include "common/grpc_status.h"
 
 namespace kvtier::client {
 
@@ -52,13 +51,7 @@ absl::Status NamespaceState::Reattach(uint64_t session_id) {
   v1::AttachRequest req = attach_request;
   req.set_session_id(session_id);
   v1::AttachResponse resp;
-  grpc::ClientContext ctx;
-  conn->AttachDeadline(&ctx);
-  if (absl::Status s =
-          FromGrpcStatus(conn->stub->Attach(&ctx, req, &resp), "Attach");
-      !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = conn->CallAttach(req, &resp); !s.ok()) return s;
   if (absl::Status s = banks->Refresh(BankSegments(resp), conn->daemon_uid);
       !s.ok()) {
     return s;
@@ -74,10 +67,8 @@ absl::Status NamespaceState::ReleaseLease(uint64_t lease_epoch,
   if (!Fill(&req, &e) || e != lease_epoch) return absl::OkStatus();
   req.set_lease_id(lease_id);
   v1::ReleaseResponse resp;
-  grpc::ClientContext ctx;
-  conn->Deadline(&ctx);
   absl::Status s =
-      FromGrpcStatus(conn->stub->Release(&ctx, req, &resp), "Release");
+      conn->Call(fastpath::Method::kRelease, "Release", req, &resp);
   return !s.ok() && (OutageLike(s) || !Current(e)) ? absl::OkStatus() : s;
 }
 
@@ -90,9 +81,7 @@ absl::Status NamespaceState::AbortReservation(uint64_t reservation_epoch,
   req.set_reservation_id(reservation_id);
   req.set_fenced(fenced);
   v1::AbortResponse resp;
-  grpc::ClientContext ctx;
-  conn->Deadline(&ctx);
-  absl::Status s = FromGrpcStatus(conn->stub->Abort(&ctx, req, &resp), "Abort");
+  absl::Status s = conn->Call(fastpath::Method::kAbort, "Abort", req, &resp);
   return !s.ok() && (OutageLike(s) || !Current(e)) ? absl::OkStatus() : s;
 }
 
@@ -126,10 +115,8 @@ absl::StatusOr<CommitResult> NamespaceState::CommitReservation(
     p->set_hash(s.hash);
   }
   v1::CommitResponse resp;
-  grpc::ClientContext ctx;
-  conn->Deadline(&ctx);
   if (absl::Status s =
-          FromGrpcStatus(conn->stub->Commit(&ctx, req, &resp), "Commit");
+          conn->Call(fastpath::Method::kCommit, "Commit", req, &resp);
       !s.ok()) {
     if (OutageLike(s) || !Current(e)) return Unreachable("Commit");
     return s;

@@ -1,6 +1,8 @@
-# kvtier_proto_library(NAME ROOT <dir> PROTOS <relative paths>...): a static
-# library of the protobuf and gRPC C++ code generated from .proto files under
-# ROOT, with the generated headers on its public include path.
+# kvtier_proto_library(NAME ROOT <dir> PROTOS <relative paths>...): two static
+# libraries of the C++ code generated from .proto files under ROOT, with the
+# generated headers on their public include path: NAME_messages, the protobuf
+# messages alone (libkvtier, which speaks no gRPC, and the daemon's core), and
+# NAME, the gRPC services over them.
 function(kvtier_proto_library name)
   cmake_parse_arguments(ARG "" "ROOT" "PROTOS" ${ARGN})
   set(out ${CMAKE_CURRENT_BINARY_DIR}/${name}_gen)
@@ -20,7 +22,13 @@ function(kvtier_proto_library name)
       ${abs}
     DEPENDS ${abs} protobuf::protoc gRPC::grpc_cpp_plugin
     COMMENT "protoc ${ARG_PROTOS}")
-  add_library(${name} STATIC ${srcs})
-  target_include_directories(${name} PUBLIC ${out})
-  target_link_libraries(${name} PUBLIC protobuf::libprotobuf gRPC::grpc++)
+  set(msg_srcs ${srcs})
+  list(FILTER msg_srcs EXCLUDE REGEX "\\.grpc\\.pb\\.cc$")
+  set(grpc_srcs ${srcs})
+  list(FILTER grpc_srcs INCLUDE REGEX "\\.grpc\\.pb\\.cc$")
+  add_library(${name}_messages STATIC ${msg_srcs})
+  target_include_directories(${name}_messages PUBLIC ${out})
+  target_link_libraries(${name}_messages PUBLIC protobuf::libprotobuf)
+  add_library(${name} STATIC ${grpc_srcs})
+  target_link_libraries(${name} PUBLIC ${name}_messages gRPC::grpc++)
 endfunction()

@@ -32,10 +32,6 @@ static_assert(fastpath::kMaxLookupHashes == kMaxLookupPages,
 static_assert(fastpath::kMaxHashBytes == sizeof(HashKey::bytes),
               "the fast path's request cap follows the longest hash");
 
-// A request's hash buffer grows from this as bytes arrive, doubling.
-constexpr size_t kFirstChunk = 64 << 10;
-// Buffers above this are given back once their request is answered.
-constexpr size_t kKeepBytes = 1 << 20;
 // How often the same kind of refusal is logged.
 constexpr std::chrono::seconds kLogInterval(10);
 // Accepting pauses this long when out of fds without a reserve fd.
@@ -133,6 +129,17 @@ absl::Status FastLookupServer::Start(const std::string& path, gid_t group) {
       options_.max_connections, options_.max_connections_per_uid,
       options_.max_request_bytes);
   return absl::OkStatus();
+}
+
+void FastLookupServer::DrainSessions() {
+  absl::MutexLock lock(&mu_);
+  const fastpath::Control draining{
+      .kind = static_cast<uint32_t>(fastpath::ControlKind::kDraining)};
+  // The session connection's only other daemon write, the OpenReply, is
+  // done before it registers here: nothing interleaves.
+  for (int fd : sessions_) {
+    (void)::send(fd, &draining, sizeof(draining), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
 }
 
 void FastLookupServer::Stop() {
@@ -360,7 +367,8 @@ void FastLookupServer::ReadHello(uint64_t seq) {
     ClosePending(seq, std::nullopt);  // EOF or error before a Hello.
     return;
   }
-  if (p.hello.magic != fastpath::kHelloMagic) {
+  if (p.hello.magic != fastpath::kHelloMagic &&
+      p.hello.magic != fastpath::kOpenMagic) {
     ClosePending(seq, FastLookupClose::kBadHello);
     return;
   }
@@ -415,83 +423,6 @@ void FastLookupServer::ReadHello(uint64_t seq) {
   ++of_uid;
   connections_.insert(taken.fd);
   AddFastLookupConnections(0, 1);
-}
-
-void FastLookupServer::Serve(uint64_t id, int fd, uid_t uid,
-                             fastpath::Hello hello) {
-  using namespace fastpath;  // NOLINT: the protocol's own names.
-  HelloReply hello_reply;
-  {
-    // The kernel's record of this peer becomes the session's identity
-    // (daemon/peer_credentials.h); an unknown session is NOT_FOUND.
-    auto peer = ReadPeerCredentials(fd);
-    absl::Status bound =
-        peer.ok() ? core_->BindPeerCredentials(hello.session_id, *peer)
-                  : peer.status();
-    hello_reply.code = static_cast<int>(bound.code());
-  }
-  iovec hello_iov{&hello_reply, sizeof(hello_reply)};
-  bool ok = WriteFullV(fd, &hello_iov, 1) && hello_reply.code == 0;
-  std::string hashes;
-  TierCore::LookupOutcome out;
-  while (ok) {
-    Request req;
-    if (!ReadFull(fd, &req, sizeof(req)) || req.magic != kRequestMagic ||
-        req.hash_bytes > options_.max_request_bytes) {
-      break;
-    }
-    // The buffer grows only as bytes arrive: a header that claims a large
-    // request costs nothing until its bytes are sent.
-    hashes.clear();
-    while (ok && hashes.size() < req.hash_bytes) {
-      const size_t have = hashes.size();
-      const size_t chunk =
-          std::min<size_t>(req.hash_bytes - have, std::max(kFirstChunk, have));
-      hashes.resize(have + chunk);
-      ok = ReadFull(fd, hashes.data() + have, chunk);
-    }
-    if (!ok) break;
-    OpTimer timer(TimedOp::kLookup, Transport::kFastPath);
-    absl::Status s =
-        core_->LookupHashes(hello.session_id, req.namespace_id, hashes,
-                            (req.flags & kFlagPin) != 0, &out);
-    timer.Done(s.ok());
-    Reply reply;
-    std::string message;
-    iovec iov[3];
-    int n = 1;
-    iov[0] = {&reply, sizeof(reply)};
-    if (s.ok()) {
-      reply.matched_pages = out.matched_pages;
-      reply.usable_pages = out.usable_pages;
-      reply.has_snapshot = out.has_snapshot;
-      reply.snapshot_row = out.snapshot_row;
-      reply.lease_id = out.lease_id;
-      iov[n++] = {out.rows.data(), out.rows.size() * sizeof(uint32_t)};
-    } else {
-      reply.code = static_cast<int>(s.code());
-      reply.reason = static_cast<uint32_t>(GetErrorReason(s));
-      message = std::string(s.message());
-      reply.message_bytes = static_cast<uint32_t>(message.size());
-      iov[n++] = {message.data(), message.size()};
-    }
-    ok = WriteFullV(fd, iov, n);
-    // Memory per connection stays small between requests.
-    if (hashes.capacity() > kKeepBytes) std::string().swap(hashes);
-    if (out.rows.capacity() * sizeof(uint32_t) > kKeepBytes) {
-      std::vector<uint32_t>().swap(out.rows);
-    }
-  }
-  {
-    // Forget the fd before closing it, so Stop never shuts down a number
-    // the kernel has handed to someone else.
-    absl::MutexLock lock(&mu_);
-    connections_.erase(fd);
-    if (--served_per_uid_[uid] <= 0) served_per_uid_.erase(uid);
-    finished_.push_back(id);
-  }
-  AddFastLookupConnections(0, -1);
-  ::close(fd);
 }
 
 }  // namespace kvtier::daemon

@@ -1,8 +1,10 @@
-// FastLookupServer: serves the fast lookup path (common/fast_lookup.h) on a
-// unix socket beside gRPC. A connection's Hello binds the peer's SO_PEERCRED
-// to its session: this socket is how the daemon learns who an engine is
-// (daemon/peer_credentials.h), so it must stay reachable for engines however
-// other members of the socket's group abuse it.
+// FastLookupServer: serves the engine protocol (common/fast_lookup.h) on the
+// engine socket (<socket>.lookup) beside gRPC: the sessions libkvtier opens
+// there, their lookups and every other engine call. A connection's first
+// frame binds the peer's SO_PEERCRED to its session: this socket is how the
+// daemon learns who an engine is (daemon/peer_credentials.h), so it must stay
+// reachable for engines however other members of the socket's group abuse
+// it.
 //
 // Two stages. Until its Hello arrives a connection is *pending*: it costs an
 // fd and a few dozen bytes, no thread. One acceptor thread accepts and waits
@@ -16,15 +18,20 @@
 // exhausts neither threads nor the served-connection cap. A client whose
 // pending connection was closed sees EOF and connects again.
 //
-// Only a well-formed Hello (magic, version) gets the connection a serving
-// thread: that thread binds the credentials (TierCore::BindPeerCredentials,
-// which may wait on the core's lock, never on the acceptor) and then blocks
-// in read() and answers each request with TierCore::LookupHashes: no HTTP/2,
-// no thread hand-off. Engines are few per node (one per GPU, a Client each),
-// so a thread each is cheap; served connections are capped in all and per
-// uid, and one past a cap is answered RESOURCE_EXHAUSTED and closed (logged,
-// rate-limited). A request's hash buffer grows only as its bytes arrive, up
-// to max_request_bytes, and is given back after a large request.
+// Only a well-formed first frame (magic, version) gets the connection a
+// serving thread (daemon/fast_lookup_serve.cc): for an Open, that thread
+// opens the session, binds the credentials and then reads the session's
+// control frames until the connection ends, which closes the session; for a
+// Hello it binds the credentials to the named session
+// (TierCore::BindPeerCredentials, which may wait on the core's lock, never
+// on the acceptor) and then blocks in read() and answers each lookup with
+// TierCore::LookupHashes and each call with RunEngineCall
+// (daemon/engine_calls.h): no HTTP/2, no thread hand-off. Engines are few per
+// node (one per GPU, a Client each), so a thread each is cheap; served
+// connections are capped in all and per uid, and one past a cap is answered
+// RESOURCE_EXHAUSTED and closed (logged, rate-limited). A request's hash buffer
+// grows only as its bytes arrive, up to max_request_bytes, and is given back
+// after a large request.
 //
 // Running out of fds (EMFILE/ENFILE) in accept closes the oldest pending
 // connection to make room; with none pending it sheds the new connection
@@ -78,6 +85,9 @@ struct FastLookupOptions {
   // Largest request (bytes of hashes) a connection may send; a larger one
   // closes it. At most fastpath::kMaxRequestBytes.
   uint32_t max_request_bytes = fastpath::kMaxRequestBytes;
+  // Largest call (bytes of a protobuf request) a connection may send; a
+  // larger one closes it. At most fastpath::kMaxCallBytes.
+  uint32_t max_call_bytes = 64u << 20;
 };
 
 class FastLookupServer {
@@ -97,6 +107,11 @@ class FastLookupServer {
   // Closes the listener and every connection and waits for their threads.
   // Idempotent.
   void Stop();
+
+  // Sends the Draining frame to every open session connection: the daemon
+  // is stopping, so engines finish what they do and reconnect to the next
+  // daemon. Call before Stop.
+  void DrainSessions();
 
   // Connections being served now (for tests).
   int served_connections() const;
@@ -133,8 +148,21 @@ class FastLookupServer {
   // Milliseconds until the next pending deadline or accept resumption, -1
   // for none.
   int NextTimeoutMs(Clock::time_point now) const;
-  // The serving thread of connection `id` on `fd`, whose Hello is `hello`.
-  void Serve(uint64_t id, int fd, uid_t uid, fastpath::Hello hello);
+  // The serving thread of connection `id` on `fd`, whose first frame is
+  // `first` (a Hello or an Open); closes `fd` at the end.
+  void Serve(uint64_t id, int fd, uid_t uid, fastpath::Hello first);
+  // A session connection: reads the v1.Hello after `open`, opens and binds
+  // the session, answers, then reads Control frames until the connection
+  // ends and closes the session.
+  void ServeSession(int fd, const fastpath::Open& open);
+  // A call connection: binds the peer to session `hello.session_id`, then
+  // answers lookups and calls until the connection ends or breaks framing.
+  void ServeCalls(int fd, const fastpath::Hello& hello);
+  // Reads `bytes` bytes into *buf, growing it only as they arrive (a header
+  // that claims a large payload costs nothing until it is sent).
+  static bool ReadPayload(int fd, uint32_t bytes, std::string* buf);
+  // ReadPayload within options_.hello_deadline.
+  bool ReadWithin(int fd, uint32_t bytes, std::string* buf);
   // Joins the threads of connections that ended.
   void ReapFinished();
 
@@ -161,6 +189,8 @@ class FastLookupServer {
 
   mutable absl::Mutex mu_;
   absl::flat_hash_set<int> connections_ ABSL_GUARDED_BY(mu_);  // Served fds.
+  // Session connections that have their OpenReply (DrainSessions).
+  absl::flat_hash_set<int> sessions_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uid_t, int> served_per_uid_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::thread> threads_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> finished_ ABSL_GUARDED_BY(mu_);

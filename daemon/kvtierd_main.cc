@@ -60,8 +60,6 @@ ABSL_FLAG(uint32_t, default_max_replay_tokens, 8192,
 ABSL_FLAG(uint32_t, max_namespaces, 256, "Most namespaces at once");
 ABSL_FLAG(std::string, demo_namespace, "",
           "Create a small demo namespace of this name at start (make run)");
-ABSL_FLAG(bool, fast_lookup, true,
-          "Serve the fast lookup path on <socket>.lookup beside gRPC");
 ABSL_FLAG(std::string, group, "",
           "Group (name or gid) that owns the sockets and segments, mode 0660: "
           "only its members reach the daemon and map banks (empty: the "
@@ -80,8 +78,7 @@ ABSL_FLAG(std::vector<std::string>, device_pool_namespaces, {},
           "handles. Empty: every namespace");
 ABSL_FLAG(bool, require_peer_credentials, true,
           "Refuse Attach from sessions whose peer credentials (SO_PEERCRED, "
-          "bound on the fast lookup socket) are not known; needs "
-          "--fast_lookup");
+          "bound on the engine socket <socket>.lookup) are not known");
 ABSL_FLAG(std::string, namespace_acl, "",
           "Who may attach where: PATTERN=PRINCIPAL[+PRINCIPAL...][;...], "
           "PATTERN a namespace name or a prefix ending in '*', PRINCIPAL "
@@ -263,21 +260,9 @@ int Main(int argc, char** argv) {
   }
   options.require_peer_credentials =
       absl::GetFlag(FLAGS_require_peer_credentials);
-  if (options.require_peer_credentials && !absl::GetFlag(FLAGS_fast_lookup)) {
-    SPDLOG_CRITICAL(
-        "--require_peer_credentials needs --fast_lookup: sessions bind their "
-        "credentials on the fast lookup socket");
-    return 2;
-  }
   auto acl = NamespaceAcl::Parse(absl::GetFlag(FLAGS_namespace_acl));
   if (!acl.ok()) {
     SPDLOG_CRITICAL("{}", acl.status().ToString());
-    return 2;
-  }
-  if (!acl->empty() && !absl::GetFlag(FLAGS_fast_lookup)) {
-    SPDLOG_CRITICAL(
-        "--namespace_acl needs --fast_lookup: sessions bind their "
-        "credentials on the fast lookup socket");
     return 2;
   }
   // Segments of a namespace under an entry get the entry's first group, so
@@ -433,13 +418,11 @@ int Main(int argc, char** argv) {
 
   const ServerLimits limits = ServerLimitsFromFlags();
   FastLookupServer fast(&core, limits.fast_lookup);
-  std::string fast_socket;
-  if (absl::GetFlag(FLAGS_fast_lookup)) {
-    fast_socket = socket + ".lookup";
-    if (absl::Status s = fast.Start(fast_socket, group); !s.ok()) {
-      SPDLOG_CRITICAL("{}", s.ToString());
-      return 1;
-    }
+  // The engine socket: libkvtier's sessions and calls (common/fast_lookup.h).
+  const std::string fast_socket = socket + ".lookup";
+  if (absl::Status s = fast.Start(fast_socket, group); !s.ok()) {
+    SPDLOG_CRITICAL("{}", s.ToString());
+    return 1;
   }
   TierService service(&core, fast_socket);
   grpc::EnableDefaultHealthCheckService(true);
@@ -543,6 +526,7 @@ int Main(int argc, char** argv) {
     notifier.Stopping("draining: segments are kept");
     server->GetHealthCheckService()->SetServingStatus(false);
     service.DrainSessions();
+    fast.DrainSessions();
     if (admin_server) {
       admin_server->Shutdown(std::chrono::system_clock::now() +
                              std::chrono::seconds(2));

@@ -29,7 +29,7 @@ using prometheus::MetricFamily;
 using prometheus::MetricType;
 
 constexpr const char* kOpNames[kTimedOps] = {"lookup", "commit", "attach"};
-constexpr const char* kTransportNames[kTransports] = {"grpc", "fast"};
+constexpr const char* kTransportNames[kTransports] = {"grpc", "engine"};
 
 // A latency histogram that request threads update with relaxed atomics: no
 // lock on the lookup path. Buckets are stored per bucket (not cumulative);
@@ -306,12 +306,15 @@ std::vector<MetricFamily> MetricsExporter::Impl::Collect() const {
   // Latency: the (op, transport) pairs that exist.
   static constexpr std::pair<TimedOp, Transport> kPairs[] = {
       {TimedOp::kLookup, Transport::kGrpc},
-      {TimedOp::kLookup, Transport::kFastPath},
+      {TimedOp::kLookup, Transport::kEngine},
       {TimedOp::kCommit, Transport::kGrpc},
-      {TimedOp::kAttach, Transport::kGrpc}};
+      {TimedOp::kCommit, Transport::kEngine},
+      {TimedOp::kAttach, Transport::kGrpc},
+      {TimedOp::kAttach, Transport::kEngine}};
   Family duration("kvtier_request_duration_seconds",
                   "Time kvtierd took to answer a request, errors included, "
-                  "by op (lookup, commit, attach) and transport (grpc, fast)",
+                  "by op (lookup, commit, attach) and transport (grpc; engine: "
+                  "the engine socket, libkvtier's)",
                   MetricType::Histogram);
   Family errs("kvtier_request_errors_total",
               "Requests answered with an error, by op and transport",
@@ -328,10 +331,14 @@ std::vector<MetricFamily> MetricsExporter::Impl::Collect() const {
   {
     // Errors first: Observe counts the sample before the error, so the
     // count read second is never below the errors read first.
+    // Both transports.
     const int o = static_cast<int>(TimedOp::kAttach);
-    const int t = static_cast<int>(Transport::kGrpc);
-    const uint64_t failed = errors[o][t].load(std::memory_order_relaxed);
-    attaches.Value({}, static_cast<double>(latency[o][t].count() - failed));
+    uint64_t failed = 0, all = 0;
+    for (int t = 0; t < kTransports; ++t) {
+      failed += errors[o][t].load(std::memory_order_relaxed);
+    }
+    for (int t = 0; t < kTransports; ++t) all += latency[o][t].count();
+    attaches.Value({}, static_cast<double>(all - failed));
   }
   out.push_back(duration.Take());
   out.push_back(errs.Take());

@@ -34,8 +34,9 @@ class TierCore;
 enum class TimedOp : uint8_t { kLookup = 0, kCommit = 1, kAttach = 2, kNone };
 inline constexpr int kTimedOps = 3;
 
-// How a request reached the daemon.
-enum class Transport : uint8_t { kGrpc = 0, kFastPath = 1 };
+// How a request reached the daemon: gRPC (either socket), or the engine
+// socket (common/fast_lookup.h), which libkvtier speaks.
+enum class Transport : uint8_t { kGrpc = 0, kEngine = 1 };
 inline constexpr int kTransports = 2;
 
 namespace internal {

@@ -231,9 +231,9 @@ TEST_F(MetricsExporterTest, ExportsTheCoresStateAtScrapeTime) {
 }
 
 TEST_F(MetricsExporterTest, HistogramsCountWhatTheHookObserved) {
-  exporter_->Observe(TimedOp::kLookup, Transport::kFastPath, 30e-6, true);
-  exporter_->Observe(TimedOp::kLookup, Transport::kFastPath, 40e-6, true);
-  exporter_->Observe(TimedOp::kLookup, Transport::kFastPath, 2e-3, false);
+  exporter_->Observe(TimedOp::kLookup, Transport::kEngine, 30e-6, true);
+  exporter_->Observe(TimedOp::kLookup, Transport::kEngine, 40e-6, true);
+  exporter_->Observe(TimedOp::kLookup, Transport::kEngine, 2e-3, false);
   exporter_->Observe(TimedOp::kCommit, Transport::kGrpc, 0.5e-3, true);
   exporter_->Observe(TimedOp::kAttach, Transport::kGrpc, 1.5, true);
   exporter_->Observe(TimedOp::kAttach, Transport::kGrpc, 0.1, false);
@@ -246,7 +246,7 @@ TEST_F(MetricsExporterTest, HistogramsCountWhatTheHookObserved) {
     EXPECT_NE(it, m.end()) << "no sample " << key << " in\n" << text;
     return it == m.end() ? -1 : it->second;
   };
-  const std::string fast = "op=\"lookup\",transport=\"fast\"";
+  const std::string fast = "op=\"lookup\",transport=\"engine\"";
   EXPECT_EQ(at("kvtier_request_duration_seconds_count{" + fast + "}"), 3);
   EXPECT_EQ(
       at("kvtier_request_duration_seconds_bucket{" + fast + ",le=\"5e-05\"}"),
@@ -306,7 +306,7 @@ TEST(OpTimerTest, RecordsOnceIntoTheInstalledSink) {
   std::chrono::duration<double> outer;
   {
     const auto before = std::chrono::steady_clock::now();
-    OpTimer timer(TimedOp::kLookup, Transport::kFastPath);
+    OpTimer timer(TimedOp::kLookup, Transport::kEngine);
     std::this_thread::sleep_for(kSlept);
     timer.Done(false);
     outer = std::chrono::steady_clock::now() - before;
@@ -320,7 +320,7 @@ TEST(OpTimerTest, RecordsOnceIntoTheInstalledSink) {
   after.Done(true);
   ASSERT_EQ(sink.ops.size(), 1u);
   EXPECT_EQ(sink.ops[0], TimedOp::kLookup);
-  EXPECT_EQ(sink.transports[0], Transport::kFastPath);
+  EXPECT_EQ(sink.transports[0], Transport::kEngine);
   EXPECT_GE(sink.durations[0], std::chrono::duration<double>(kSlept).count());
   EXPECT_LE(sink.durations[0], outer.count());
   EXPECT_FALSE(sink.oks[0]);

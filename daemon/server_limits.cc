@@ -4,6 +4,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -34,7 +35,8 @@ ABSL_FLAG(uint32_t, fast_lookup_max_request_bytes,
           "Largest fast lookup request (bytes of hashes); the default is the "
           "largest valid one, 1 << 20 hashes of 32 bytes");
 ABSL_FLAG(uint32_t, grpc_max_message_bytes, 64u << 20,
-          "Largest gRPC message kvtierd receives or sends");
+          "Largest message kvtierd receives or sends, over gRPC or as a call "
+          "on the engine socket (at most 256 MiB there)");
 ABSL_FLAG(uint32_t, grpc_max_concurrent_streams, 256,
           "Most concurrent gRPC calls on one client connection");
 ABSL_FLAG(uint32_t, grpc_max_threads, 64,
@@ -137,6 +139,8 @@ ServerLimits ServerLimitsFromFlags() {
   f.max_connections_per_uid =
       ClampInt(absl::GetFlag(FLAGS_fast_lookup_max_connections_per_uid));
   f.max_request_bytes = absl::GetFlag(FLAGS_fast_lookup_max_request_bytes);
+  f.max_call_bytes = std::min(absl::GetFlag(FLAGS_grpc_max_message_bytes),
+                              fastpath::kMaxCallBytes);
   return l;
 }
 

@@ -6,9 +6,11 @@
 // connects, and sends the input's bytes — after a valid Hello for that
 // session when the first byte says so, else raw, so both the Hello and the
 // request framing (magic, flags, namespace id, hash_bytes, the hashes) are
-// fuzzed; or, as the first byte also may say, requests built from the
-// input for the real namespace, so lookups hit and pin — then half-closes
-// and reads until the server closes. The session
+// fuzzed (raw bytes may also be an Open, which opens a session of its own,
+// or call frames); or, as the first byte also may say, requests built from
+// the input for the real namespace, so lookups hit and pin, or call frames
+// with raw protobuf requests — then half-closes and reads until the server
+// closes. The session
 // is closed afterwards, releasing any pins the input took.
 //
 // Oracles, beyond ASan/UBSan: the server closes every connection once its
@@ -22,6 +24,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -154,7 +157,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fastpath::Hello hello;
     hello.session_id = *session;
     bytes.assign(reinterpret_cast<const char*>(&hello), sizeof(hello));
-    if ((data[0] & 2) != 0) {
+    if ((data[0] & 6) == 6) {
+      // Structured calls: (method, n, n bytes of request) each, the method
+      // mostly one the daemon knows, the request raw protobuf.
+      size_t i = 1;
+      while (i + 2 <= size) {
+        const uint32_t method = data[i] % (fastpath::kLastMethod + 2);
+        const size_t n = std::min<size_t>(data[i + 1], size - i - 2);
+        i += 2;
+        fastpath::Call call;
+        call.method = method;
+        call.payload_bytes = static_cast<uint32_t>(n);
+        bytes.append(reinterpret_cast<const char*>(&call), sizeof(call));
+        bytes.append(reinterpret_cast<const char*>(data) + i, n);
+        i += n;
+      }
+    } else if ((data[0] & 2) != 0) {
       // Structured: the fuzzer cannot guess the namespace id or a chain's
       // hashes byte by byte, so the rest is a list of requests, each
       // (flags, n, n symbols): flags bit 0 pins, bit 1 cuts the hashes

@@ -209,18 +209,19 @@ TEST(MetricsEndpointTest, CountersMoveWithLookupsAndCommits) {
   auto res = (*ns)->Reserve(8);
   ASSERT_TRUE(res.ok()) << res.status();
   ASSERT_TRUE(res->Commit("", hashes).ok());
-  // Fast path (the client's default) and gRPC lookups, hits and misses.
+  // Binary lookups (the client's default) and Lookup calls, hits and misses:
+  // all on the engine socket.
   auto hit = (*ns)->Lookup(hashes, /*pin=*/false);
   ASSERT_TRUE(hit.ok()) << hit.status();
   EXPECT_EQ(hit->usable_pages(), 8u);
   const std::string other = (*ns)->hasher().HashChain(TestTokens(6, 3 * 16));
   ASSERT_TRUE((*ns)->Lookup(other, false).ok());
-  auto grpc_client =
+  auto call_client =
       Client::Connect({.socket = daemon.socket(), .fast_lookup = false});
-  ASSERT_TRUE(grpc_client.ok());
-  auto grpc_ns = (*grpc_client)->Attach(TestAttachOptions("m"));
-  ASSERT_TRUE(grpc_ns.ok()) << grpc_ns.status();
-  ASSERT_TRUE((*grpc_ns)->Lookup(hashes, false).ok());
+  ASSERT_TRUE(call_client.ok());
+  auto call_ns = (*call_client)->Attach(TestAttachOptions("m"));
+  ASSERT_TRUE(call_ns.ok()) << call_ns.status();
+  ASSERT_TRUE((*call_ns)->Lookup(hashes, false).ok());
 
   auto after = HttpGet(port, "/metrics");
   ASSERT_TRUE(after.ok()) << after.status();
@@ -256,24 +257,25 @@ TEST(MetricsEndpointTest, CountersMoveWithLookupsAndCommits) {
             kTestPageRows - 8);
   EXPECT_EQ(At(m,
                "kvtier_request_duration_seconds_count{op=\"lookup\","
-               "transport=\"fast\"}"),
-            2);
+               "transport=\"engine\"}"),
+            3);
+  // libkvtier speaks no gRPC.
   EXPECT_EQ(At(m,
                "kvtier_request_duration_seconds_count{op=\"lookup\","
                "transport=\"grpc\"}"),
-            1);
+            0);
   EXPECT_EQ(At(m,
                "kvtier_request_duration_seconds_count{op=\"commit\","
-               "transport=\"grpc\"}"),
+               "transport=\"engine\"}"),
             1);
   EXPECT_GT(At(m,
                "kvtier_request_duration_seconds_sum{op=\"commit\","
-               "transport=\"grpc\"}"),
+               "transport=\"engine\"}"),
             0);
   EXPECT_EQ(At(m, "kvtier_attaches_total"), 2);
   EXPECT_EQ(At(m,
                "kvtier_request_errors_total{op=\"commit\","
-               "transport=\"grpc\"}"),
+               "transport=\"engine\"}"),
             0);
 
   // A commit the daemon refuses (its parent is not cached) counts as an
@@ -285,7 +287,7 @@ TEST(MetricsEndpointTest, CountersMoveWithLookupsAndCommits) {
   auto m2 = ParseMetrics(*HttpGet(port, "/metrics"));
   EXPECT_EQ(At(m2,
                "kvtier_request_errors_total{op=\"commit\","
-               "transport=\"grpc\"}"),
+               "transport=\"engine\"}"),
             1);
   EXPECT_EQ(At(m2,
                "kvtier_bank_rows{namespace=\"m\",bank=\"kv\",rank=\"0\","

@@ -1,0 +1,234 @@
+// FastLookupServer's serving threads (daemon/fast_lookup_server.h): a
+// session connection's open, control frames and close; a call connection's
+// lookups and calls. One thread per served connection, blocked in read().
+//
+// Thread-safety: each serving thread owns its fd; what they share with the
+// acceptor and Stop is under mu_.
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/error_reason.h"
+#include "daemon/engine_calls.h"
+#include "daemon/fast_lookup_server.h"
+#include "daemon/metrics.h"
+#include "daemon/peer_credentials.h"
+#include "spdlog/spdlog.h"
+
+namespace kvtier::daemon {
+namespace {
+
+using namespace fastpath;  // NOLINT: the protocol's own names.
+
+// A payload buffer grows from this as bytes arrive, doubling.
+constexpr size_t kFirstChunk = 64 << 10;
+// Buffers above this are given back once their request is answered.
+constexpr size_t kKeepBytes = 1 << 20;
+
+// Fills the error fields shared by the replies: code, reason and the message
+// (cut at kMaxMessageBytes) in *message.
+template <typename R>
+void SetError(const absl::Status& s, R* reply, std::string* message) {
+  reply->code = static_cast<int>(s.code());
+  reply->reason = static_cast<uint32_t>(GetErrorReason(s));
+  *message = std::string(s.message().substr(0, kMaxMessageBytes));
+  reply->message_bytes = static_cast<uint32_t>(message->size());
+}
+
+}  // namespace
+
+bool FastLookupServer::ReadWithin(int fd, uint32_t bytes, std::string* buf) {
+  // As the first frame, the rest of an Open comes within the deadline.
+  const timeval limit = absl::ToTimeval(options_.hello_deadline);
+  const timeval none{};
+  return ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit)) ==
+             0 &&
+         ReadPayload(fd, bytes, buf) &&
+         ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none)) == 0;
+}
+
+bool FastLookupServer::ReadPayload(int fd, uint32_t bytes, std::string* buf) {
+  buf->clear();
+  while (buf->size() < bytes) {
+    const size_t have = buf->size();
+    const size_t chunk =
+        std::min<size_t>(bytes - have, std::max(kFirstChunk, have));
+    buf->resize(have + chunk);
+    if (!ReadFull(fd, buf->data() + have, chunk)) return false;
+  }
+  return true;
+}
+
+void FastLookupServer::Serve(uint64_t id, int fd, uid_t uid, Hello first) {
+  if (first.magic == kOpenMagic) {
+    Open open;
+    std::memcpy(static_cast<void*>(&open), &first, sizeof(open));
+    ServeSession(fd, open);
+  } else {
+    ServeCalls(fd, first);
+  }
+  {
+    // Forget the fd before closing it, so Stop never shuts down a number
+    // the kernel has handed to someone else.
+    absl::MutexLock lock(&mu_);
+    connections_.erase(fd);
+    sessions_.erase(fd);
+    if (--served_per_uid_[uid] <= 0) served_per_uid_.erase(uid);
+    finished_.push_back(id);
+  }
+  AddFastLookupConnections(0, -1);
+  ::close(fd);
+}
+
+void FastLookupServer::ServeSession(int fd, const Open& open) {
+  OpenReply reply;
+  std::string message;
+  uint64_t session = 0;
+  {
+    std::string bytes;
+    v1::Hello hello;
+    absl::Status s;
+    if (open.hello_bytes > kMaxOpenBytes) {
+      s = absl::InvalidArgumentError(absl::StrCat(
+          "open: hello_bytes ", open.hello_bytes, " > ", kMaxOpenBytes));
+    } else if (!ReadWithin(fd, open.hello_bytes, &bytes)) {
+      return;  // The peer left, or sent too little before the deadline.
+    } else if (!hello.ParseFromString(bytes)) {
+      s = absl::InvalidArgumentError("open: not a well-formed kvtier.v1.Hello");
+    }
+    // The kernel's record of this peer is the session's identity
+    // (daemon/peer_credentials.h) from the start, as if a call connection's
+    // Hello had bound it at once.
+    absl::StatusOr<PeerInfo> peer =
+        s.ok() ? ReadPeerCredentials(fd) : absl::StatusOr<PeerInfo>(s);
+    if (!peer.ok()) {
+      s = peer.status();
+    } else {
+      PeerInfo said;
+      said.pid = peer->pid;
+      absl::StatusOr<uint64_t> id = core_->OpenSession(hello, said);
+      if (id.ok()) {
+        s = core_->BindPeerCredentials(*id, *peer);
+        if (s.ok()) {
+          session = *id;
+        } else {
+          core_->CloseSession(*id);
+        }
+      } else {
+        s = id.status();
+      }
+    }
+    if (s.ok()) {
+      reply.session_id = session;
+    } else {
+      SetError(s, &reply, &message);
+    }
+  }
+  iovec iov[2] = {{&reply, sizeof(reply)}, {message.data(), message.size()}};
+  const bool sent = WriteFullV(fd, iov, 2);
+  if (session == 0) return;
+  if (sent) {
+    absl::MutexLock lock(&mu_);
+    if (!stopping_) sessions_.insert(fd);
+  }
+  // The session lives as long as its connection; a Goodbye may come first.
+  Control c;
+  while (sent && ReadFull(fd, &c, sizeof(c)) && c.magic == kControlMagic) {
+    if (c.kind == static_cast<uint32_t>(ControlKind::kGoodbye)) {
+      core_->SessionGoodbye(session, c.arg != 0);
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    sessions_.erase(fd);
+  }
+  core_->CloseSession(session);
+}
+
+void FastLookupServer::ServeCalls(int fd, const Hello& hello) {
+  HelloReply hello_reply;
+  {
+    // The kernel's record of this peer must match the session's identity
+    // (daemon/peer_credentials.h); an unknown session is NOT_FOUND.
+    auto peer = ReadPeerCredentials(fd);
+    absl::Status bound =
+        peer.ok() ? core_->BindPeerCredentials(hello.session_id, *peer)
+                  : peer.status();
+    hello_reply.code = static_cast<int>(bound.code());
+  }
+  iovec hello_iov{&hello_reply, sizeof(hello_reply)};
+  bool ok = WriteFullV(fd, &hello_iov, 1) && hello_reply.code == 0;
+  std::string payload;
+  std::string response;
+  TierCore::LookupOutcome out;
+  while (ok) {
+    Request req;
+    if (!ReadFull(fd, &req, sizeof(req))) break;
+    std::string message;
+    if (req.magic == kCallMagic) {
+      Call call;
+      std::memcpy(static_cast<void*>(&call), &req, sizeof(call));
+      if (call.payload_bytes > options_.max_call_bytes ||
+          !ReadPayload(fd, call.payload_bytes, &payload)) {
+        break;
+      }
+      absl::Status s = RunEngineCall(core_, hello.session_id, call.method,
+                                     payload, &response);
+      CallReply reply;
+      if (s.ok() && response.size() > kMaxCallBytes) {
+        s = absl::ResourceExhaustedError(
+            absl::StrCat("call: the response (", response.size(),
+                         " bytes) is larger than ", kMaxCallBytes, " bytes"));
+      }
+      if (s.ok()) {
+        reply.payload_bytes = static_cast<uint32_t>(response.size());
+      } else {
+        SetError(s, &reply, &message);
+        response.clear();
+      }
+      iovec iov[3] = {{&reply, sizeof(reply)},
+                      {message.data(), message.size()},
+                      {response.data(), response.size()}};
+      ok = WriteFullV(fd, iov, 3);
+    } else if (req.magic == kRequestMagic &&
+               req.hash_bytes <= options_.max_request_bytes) {
+      if (!ReadPayload(fd, req.hash_bytes, &payload)) break;
+      OpTimer timer(TimedOp::kLookup, Transport::kEngine);
+      absl::Status s =
+          core_->LookupHashes(hello.session_id, req.namespace_id, payload,
+                              (req.flags & kFlagPin) != 0, &out);
+      timer.Done(s.ok());
+      Reply reply;
+      iovec iov[2];
+      iov[0] = {&reply, sizeof(reply)};
+      if (s.ok()) {
+        reply.matched_pages = out.matched_pages;
+        reply.usable_pages = out.usable_pages;
+        reply.has_snapshot = out.has_snapshot;
+        reply.snapshot_row = out.snapshot_row;
+        reply.lease_id = out.lease_id;
+        iov[1] = {out.rows.data(), out.rows.size() * sizeof(uint32_t)};
+      } else {
+        SetError(s, &reply, &message);
+        iov[1] = {message.data(), message.size()};
+      }
+      ok = WriteFullV(fd, iov, 2);
+    } else {
+      break;  // A framing error: the connection is closed.
+    }
+    // Memory per connection stays small between requests.
+    if (payload.capacity() > kKeepBytes) std::string().swap(payload);
+    if (response.capacity() > kKeepBytes) std::string().swap(response);
+    if (out.rows.capacity() * sizeof(uint32_t) > kKeepBytes) {
+      std::vector<uint32_t>().swap(out.rows);
+    }
+  }
+}
+
+}  // namespace kvtier::daemon

@@ -4,11 +4,15 @@
 // - in-process: TierCore::Lookup p50/p99 (validation, index, response
 //   building; no transport), Reserve+Commit pages per second, and index
 //   memory per page at 1M pages (PrefixIndex::MemoryBytes and the process's
-//   RSS growth);
-// - over the unix socket, against a real kvtierd it starts: Lookup p50/p99
-//   with 1 and 8 concurrent clients (each its own connection), both over
-//   the gRPC Lookup RPC and over the fast lookup path (common/
-//   fast_lookup.h), and Reserve+Commit pages per second.
+//   RSS growth); the in-process commit runs without a journal;
+// - over the engine socket (common/fast_lookup.h), against a real kvtierd it
+//   starts, with 1 and 8 concurrent clients (each its own Client): the
+//   headline, a pinned lookup and the Release of its lease (what an engine
+//   does before it copies rows out), and beside it the unpinned lookup, each
+//   as libkvtier's binary lookup frame and as a protobuf Lookup call; then
+//   Reserve+Commit pages per second and latency, with the journal off, on
+//   (fsync off) and on with fsync, the journal on a disk folder (/var/tmp)
+//   whose filesystem the JSON names.
 // Prints one JSON object. Never asserts on time: it reports.
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -224,12 +228,7 @@ std::string InProcess(uint32_t pages, double seconds, uint32_t prefixes) {
       committed);
 }
 
-std::string OverSocket(uint32_t pages, double seconds, uint32_t prefixes,
-                       const std::vector<int>& client_counts) {
-  testing::DaemonProcess daemon;
-  if (!daemon.Start({"--namespace_budget_bytes=17179869184"}).ok()) {
-    return "null";
-  }
+AttachOptions BenchAttach(uint32_t pages, uint32_t prefixes) {
   AttachOptions ao;
   ao.name = "bench";
   ao.layout.model = "index-bench";
@@ -237,78 +236,180 @@ std::string OverSocket(uint32_t pages, double seconds, uint32_t prefixes,
   ao.layout.num_layers = 1;
   ao.layout.page_banks = {{"kv", 16, ""}};
   ao.capacity.page_rows = uint64_t{pages} * (prefixes + 200);
+  return ao;
+}
+
+// Reserve+Commit of `count` prefixes of `pages` pages through a Client:
+// pages per second and each Reserve+Commit's latency. Fills *chains with
+// the first `keep` prefixes' hashes.
+std::string CommitRun(Namespace& ns, uint32_t pages, uint32_t count,
+                      size_t keep, std::vector<std::string>* chains) {
+  uint64_t committed = 0;
+  std::vector<double> lat;
+  const auto c0 = Clock::now();
+  for (uint32_t i = 0; i < count; ++i) {
+    std::string h = RandomHashes(pages, 1000 + i);
+    const auto t0 = Clock::now();
+    auto r = ns.Reserve(pages);
+    if (!r.ok()) break;
+    auto c = r->Commit("", h);
+    if (!c.ok()) break;
+    lat.push_back(
+        std::chrono::duration<double, std::micro>(Clock::now() - t0).count());
+    committed += c->committed_pages;
+    if (chains != nullptr && chains->size() < keep) {
+      chains->push_back(std::move(h));
+    }
+  }
+  const double commit_s =
+      std::chrono::duration<double>(Clock::now() - c0).count();
+  return absl::StrFormat(
+      R"({"pages": %d, "seconds": %.3f, "pages_per_s": %.0f, "batch_pages": %d, "reserve_commit": %s})",
+      committed, commit_s, committed / commit_s, pages, Json(Summarize(lat)));
+}
+
+// Lookups of `chains` by `n` clients at once for `seconds`, as binary
+// frames or as Lookup calls (`frames`), pinned with the lease released right
+// after (what an engine does before it copies rows out: the headline) or
+// unpinned.
+std::string LookupRun(const std::string& socket, const AttachOptions& ao,
+                      const std::vector<std::string>& chains, uint32_t pages,
+                      double seconds, int n, bool frames, bool pinned) {
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::unique_ptr<Namespace>> spaces;
+  for (int i = 0; i < n; ++i) {
+    auto c = Client::Connect({.socket = socket, .fast_lookup = frames});
+    if (!c.ok() || (*c)->fast_lookup_active() != frames) return "null";
+    auto s = (*c)->Attach(ao);
+    if (!s.ok()) return "null";
+    clients.push_back(*std::move(c));
+    spaces.push_back(*std::move(s));
+  }
+  std::vector<std::vector<double>> lat(n);
+  std::atomic<bool> measuring{false}, stop{false};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
+      std::mt19937 rng(i);
+      while (!stop.load()) {
+        const auto t0 = Clock::now();
+        auto l = spaces[i]->Lookup(chains[rng() % chains.size()], pinned);
+        if (!l.ok() || l->matched_pages() != pages) std::abort();
+        if (pinned && (!l->pinned() || !l->Release().ok())) {
+          std::abort();
+        }
+        const double us =
+            std::chrono::duration<double, std::micro>(Clock::now() - t0)
+                .count();
+        if (measuring.load()) lat[i].push_back(us);
+      }
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(500));  // Warm-up.
+  measuring = true;
+  const auto m0 = Clock::now();
+  absl::SleepFor(absl::Seconds(seconds));
+  measuring = false;
+  const double took = std::chrono::duration<double>(Clock::now() - m0).count();
+  stop = true;
+  for (auto& t : threads) t.join();
+  std::vector<double> all;
+  for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
+  const Percentiles p = Summarize(all);
+  return absl::StrFormat(
+      R"({"transport": "%s", "clients": %d, "p50_us": %.1f, "p99_us": %.1f, "mean_us": %.1f, "ops_per_s": %.0f})",
+      frames ? "lookup_frame" : "lookup_call", n, p.p50_us, p.p99_us, p.mean_us,
+      p.ops / took);
+}
+
+// The filesystem type of `path` (the journal's medium: fsync on tmpfs costs
+// nothing).
+std::string FsType(const std::string& path) {
+  std::ifstream mounts("/proc/mounts");
+  std::string best_dir, best_type = "unknown";
+  for (std::string line; std::getline(mounts, line);) {
+    std::vector<std::string> f = absl::StrSplit(line, ' ');
+    if (f.size() < 3) continue;
+    if (path.rfind(f[1], 0) == 0 && f[1].size() >= best_dir.size()) {
+      best_dir = f[1];
+      best_type = f[2];
+    }
+  }
+  return best_type;
+}
+
+// Commit through a daemon whose journal is `journal` ("none", "on" or
+// "fsync", the last two under a disk folder when one exists).
+std::string JournalCommit(const std::string& journal, uint32_t pages,
+                          uint32_t count, uint32_t prefixes) {
+  std::vector<std::string> flags = {"--namespace_budget_bytes=17179869184"};
+  std::string dir;
+  if (journal == "none") {
+    flags.push_back("--state_dir=none");
+  } else {
+    char tmpl[] = "/var/tmp/kvtier-index-bench-XXXXXX";
+    if (mkdtemp(tmpl) == nullptr) return "null";
+    dir = tmpl;
+    flags.push_back("--state_dir=" + dir);
+    flags.push_back(journal == "fsync" ? "--journal_fsync=true"
+                                       : "--journal_fsync=false");
+  }
+  std::string out = "null";
+  {
+    testing::DaemonProcess daemon;
+    if (daemon.Start(flags).ok()) {
+      auto c = Client::Connect({.socket = daemon.socket()});
+      if (c.ok()) {
+        auto ns = (*c)->Attach(BenchAttach(pages, prefixes));
+        if (ns.ok()) {
+          out = absl::StrFormat(
+              R"({"journal": "%s", "medium": "%s", "commit": %s})", journal,
+              dir.empty() ? "none" : FsType(dir),
+              CommitRun(**ns, pages, count, 0, nullptr));
+        }
+      }
+    }
+  }
+  if (!dir.empty()) std::filesystem::remove_all(dir);
+  return out;
+}
+
+std::string OverSocket(uint32_t pages, double seconds, uint32_t prefixes,
+                       const std::vector<int>& client_counts) {
+  testing::DaemonProcess daemon;
+  if (!daemon.Start({"--namespace_budget_bytes=17179869184"}).ok()) {
+    return "null";
+  }
+  const AttachOptions ao = BenchAttach(pages, prefixes);
   auto writer = Client::Connect({.socket = daemon.socket()});
   if (!writer.ok()) return "null";
   auto ns = (*writer)->Attach(ao);
   if (!ns.ok()) return "null";
-
   std::vector<std::string> chains;
-  uint64_t committed = 0;
-  const auto c0 = Clock::now();
-  for (uint32_t i = 0; i < prefixes + 100; ++i) {
-    auto r = (*ns)->Reserve(pages);
-    if (!r.ok()) break;
-    std::string h = RandomHashes(pages, 1000 + i);
-    auto c = r->Commit("", h);
-    if (!c.ok()) break;
-    committed += c->committed_pages;
-    if (chains.size() < prefixes) chains.push_back(std::move(h));
-  }
-  const double commit_s =
-      std::chrono::duration<double>(Clock::now() - c0).count();
+  const std::string commit =
+      CommitRun(**ns, pages, prefixes + 100, prefixes, &chains);
+  if (chains.empty()) return "null";
 
-  std::vector<std::string> runs;
-  for (bool fast : {false, true})
+  std::vector<std::string> pinned, unpinned;
+  for (bool frames : {true, false}) {
     for (int n : client_counts) {
-      std::vector<std::unique_ptr<Client>> clients;
-      std::vector<std::unique_ptr<Namespace>> spaces;
-      for (int i = 0; i < n; ++i) {
-        auto c =
-            Client::Connect({.socket = daemon.socket(), .fast_lookup = fast});
-        if (!c.ok() || (*c)->fast_lookup_active() != fast) return "null";
-        auto s = (*c)->Attach(ao);
-        if (!s.ok()) return "null";
-        clients.push_back(*std::move(c));
-        spaces.push_back(*std::move(s));
-      }
-      std::vector<std::vector<double>> lat(n);
-      std::atomic<bool> measuring{false}, stop{false};
-      std::vector<std::thread> threads;
-      for (int i = 0; i < n; ++i) {
-        threads.emplace_back([&, i] {
-          std::mt19937 rng(i);
-          while (!stop.load()) {
-            const auto t0 = Clock::now();
-            auto l = spaces[i]->Lookup(chains[rng() % chains.size()], false);
-            const double us =
-                std::chrono::duration<double, std::micro>(Clock::now() - t0)
-                    .count();
-            if (!l.ok() || l->matched_pages() != pages) std::abort();
-            if (measuring.load()) lat[i].push_back(us);
-          }
-        });
-      }
-      absl::SleepFor(absl::Milliseconds(500));  // Warm-up.
-      measuring = true;
-      const auto m0 = Clock::now();
-      absl::SleepFor(absl::Seconds(seconds));
-      measuring = false;
-      const double took =
-          std::chrono::duration<double>(Clock::now() - m0).count();
-      stop = true;
-      for (auto& t : threads) t.join();
-      std::vector<double> all;
-      for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
-      const Percentiles p = Summarize(all);
-      runs.push_back(absl::StrFormat(
-          R"({"transport": "%s", "clients": %d, "p50_us": %.1f, "p99_us": %.1f, "mean_us": %.1f, "lookups_per_s": %.0f})",
-          fast ? "fast_path" : "grpc", n, p.p50_us, p.p99_us, p.mean_us,
-          p.ops / took));
+      pinned.push_back(LookupRun(daemon.socket(), ao, chains, pages, seconds, n,
+                                 frames, /*pinned=*/true));
+      unpinned.push_back(LookupRun(daemon.socket(), ao, chains, pages, seconds,
+                                   n, frames, /*pinned=*/false));
     }
+  }
+  std::vector<std::string> journals;
+  for (const char* j : {"none", "on", "fsync"}) {
+    journals.push_back(JournalCommit(j, pages, 64, prefixes));
+  }
   return absl::StrFormat(
-      R"({"lookup": [%s], "commit": {"pages": %d, "seconds": %.3f, "pages_per_s": %.0f, "batch_pages": %d}})",
-      absl::StrJoin(runs, ", "), committed, commit_s, committed / commit_s,
-      pages);
+      R"({"pinned_lookup_release": [%s],
+  "unpinned_lookup": [%s],
+  "commit": %s,
+  "commit_by_journal": [%s]})",
+      absl::StrJoin(pinned, ", "), absl::StrJoin(unpinned, ", "), commit,
+      absl::StrJoin(journals, ", "));
 }
 
 int Main(int argc, char** argv) {

@@ -82,7 +82,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
         " is uid ", *daemon_uid, "'s: not the daemon's engine socket"));
   }
   if (!engine_uid.ok()) {
-    ::close(session->fd);
+    conn->AbandonSession(session->fd);
     return engine_uid.status();
   }
   conn->daemon_uid = *daemon_uid;
@@ -90,7 +90,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(
   if (absl::Status s =
           conn->link.Bind(conn->engine_socket, session->id, conn->timeout);
       !s.ok()) {
-    ::close(session->fd);
+    conn->AbandonSession(session->fd);
     return s;
   }
   conn->epoch = 1;

@@ -131,6 +131,12 @@ absl::StatusOr<Connection::Session> Connection::OpenSession(
   return Session{.fd = fd, .id = reply.session_id};
 }
 
+void Connection::AbandonSession(int fd) {
+  absl::MutexLock lock(&mu);
+  if (session_fd == fd) session_fd = -1;
+  ::close(fd);
+}
+
 void Connection::KeepSession(Session session) {
   for (;;) {
     // Control frames (Draining) until the daemon closes the connection.
@@ -166,9 +172,7 @@ void Connection::KeepSession(Session session) {
       session_id = session.id;
       // The call connections join the new session before any attach.
       if (!link.Bind(engine_socket, session.id, timeout).ok()) {
-        absl::MutexLock lock(&mu);
-        session_fd = -1;
-        ::close(session.fd);
+        AbandonSession(session.fd);
         session = Session();
         continue;
       }

@@ -77,6 +77,10 @@ struct Connection {
   // Re-attaches every live namespace to session `session_id` and marks it
   // valid for `next_epoch`; a namespace that fails stays stale.
   void ReattachAll(uint64_t session_id, uint64_t next_epoch);
+  // Forgets session connection `fd` (of a session that failed to start) and
+  // closes it: ~Connection must not say Goodbye on a number the kernel may
+  // have handed to someone else.
+  void AbandonSession(int fd);
   // Reports what the tracker holds from sessions before `next_epoch` to the
   // new session (Fence, report_complete) and keeps the holds it answers.
   void ReportHeld(uint64_t session_id, uint64_t next_epoch);
@@ -88,20 +92,23 @@ struct Connection {
   // is not running and never will (callbacks are short: set a flag).
   void SessionEnded(uint64_t ended);
 
-  // Runs call `method` (v1.<what>Request -> v1.<what>Response) within the
-  // per-call timeout: client/engine_link.h.
+  // Runs call `method` (v1.<what>Request -> v1.<what>Response) for the
+  // session `request` names, within the per-call timeout:
+  // client/engine_link.h.
+  template <typename Request>
   absl::Status Call(fastpath::Method method, absl::string_view what,
-                    const google::protobuf::MessageLite& request,
+                    const Request& request,
                     google::protobuf::MessageLite* response) {
-    return link.Call(method, what, request, response, timeout);
+    return link.Call(request.session_id(), method, what, request, response,
+                     timeout);
   }
   // Attach may create a namespace, which populates its banks (seconds per
   // GiB on 4 KiB pages): it gets at least kAttachTimeout, whatever the
   // per-call timeout, so a short deadline for lookups never fails it.
   absl::Status CallAttach(const v1::AttachRequest& request,
                           v1::AttachResponse* response) {
-    return link.Call(fastpath::Method::kAttach, "Attach", request, response,
-                     std::max(timeout, kAttachTimeout));
+    return link.Call(request.session_id(), fastpath::Method::kAttach, "Attach",
+                     request, response, std::max(timeout, kAttachTimeout));
   }
 
   // Immutable after Client::Connect.

@@ -146,7 +146,7 @@ absl::Status EngineLink::Bind(const std::string& path, uint64_t session_id,
     session_id_ = session_id;
   }
   Conn c;
-  absl::Status s = Acquire(absl::Now() + timeout, timeout, &c);
+  absl::Status s = Acquire(session_id, absl::Now() + timeout, timeout, &c);
   if (!s.ok()) {
     Close();
     return s;
@@ -172,8 +172,8 @@ bool EngineLink::active() const {
   return session_id_ != 0;
 }
 
-absl::Status EngineLink::Acquire(absl::Time deadline, absl::Duration timeout,
-                                 Conn* c) {
+absl::Status EngineLink::Acquire(uint64_t expected, absl::Time deadline,
+                                 absl::Duration timeout, Conn* c) {
   std::string path;
   uint64_t session = 0;
   {
@@ -189,9 +189,12 @@ absl::Status EngineLink::Acquire(absl::Time deadline, absl::Duration timeout,
               " connections to kvtierd are busy past the deadline")),
           ErrorReason::kDaemonUnreachable);
     }
-    if (session_id_ == 0) {
+    if (session_id_ == 0 || session_id_ != expected) {
       return WithErrorReason(
-          absl::UnavailableError("no session with kvtierd (reconnecting)"),
+          absl::UnavailableError(
+              session_id_ == 0
+                  ? "no session with kvtierd (reconnecting)"
+                  : "the request's session with kvtierd ended (reconnected)"),
           ErrorReason::kDaemonUnreachable);
     }
     if (!idle_.empty()) {
@@ -275,9 +278,9 @@ absl::Status EngineLink::Broken(absl::string_view what, const char* step,
       ErrorReason::kDaemonUnreachable);
 }
 
-absl::Status EngineLink::Lookup(uint64_t namespace_id, std::string_view hashes,
-                                bool pin, absl::Duration timeout,
-                                fastpath::Reply* reply,
+absl::Status EngineLink::Lookup(uint64_t session, uint64_t namespace_id,
+                                std::string_view hashes, bool pin,
+                                absl::Duration timeout, fastpath::Reply* reply,
                                 std::vector<uint32_t>* rows) {
   if (hashes.size() > fastpath::kMaxRequestBytes) {
     return absl::InvalidArgumentError(
@@ -285,7 +288,8 @@ absl::Status EngineLink::Lookup(uint64_t namespace_id, std::string_view hashes,
                      fastpath::kMaxRequestBytes));
   }
   Conn c;
-  if (absl::Status s = Acquire(absl::Now() + timeout, timeout, &c); !s.ok()) {
+  if (absl::Status s = Acquire(session, absl::Now() + timeout, timeout, &c);
+      !s.ok()) {
     return s;
   }
   fastpath::Request req;
@@ -320,7 +324,8 @@ absl::Status EngineLink::Lookup(uint64_t namespace_id, std::string_view hashes,
   return status;
 }
 
-absl::Status EngineLink::Call(fastpath::Method method, absl::string_view what,
+absl::Status EngineLink::Call(uint64_t session, fastpath::Method method,
+                              absl::string_view what,
                               const google::protobuf::MessageLite& request,
                               google::protobuf::MessageLite* response,
                               absl::Duration timeout) {
@@ -332,8 +337,11 @@ absl::Status EngineLink::Call(fastpath::Method method, absl::string_view what,
                      " bytes, at most ", fastpath::kMaxCallBytes, ")"));
   }
   Conn c;
-  if (absl::Status s = Acquire(absl::Now() + timeout, timeout, &c); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat(what, ": ", s.message()));
+  if (absl::Status s = Acquire(session, absl::Now() + timeout, timeout, &c);
+      !s.ok()) {
+    return WithErrorReason(
+        absl::Status(s.code(), absl::StrCat(what, ": ", s.message())),
+        GetErrorReason(s));
   }
   fastpath::Call call;
   call.method = static_cast<uint32_t>(method);

@@ -58,10 +58,12 @@ bool SetSocketTimeouts(int fd, absl::Duration timeout);
 class EngineLink {
  public:
   // Most connections one Client opens at once; more concurrent callers wait
-  // for one to come back (within their deadline).
-  static constexpr int kMaxConnections = 16;
-  // Idle connections kept for reuse.
-  static constexpr int kMaxIdle = 4;
+  // for one to come back (within their deadline). Each costs a daemon thread
+  // and counts against --fast_lookup_max_connections_per_uid (256): with the
+  // session connection, a Client holds at most 9.
+  static constexpr int kMaxConnections = 8;
+  // Idle connections kept for reuse: all of them, so a burst never re-dials.
+  static constexpr int kMaxIdle = kMaxConnections;
 
   EngineLink() = default;
   ~EngineLink() { Close(); }
@@ -78,15 +80,21 @@ class EngineLink {
   // come back; requests fail as outages until the next Bind.
   void Close();
 
-  // A lookup of packed `hashes` in namespace `namespace_id` (binary frame),
-  // within `timeout`. On OK fills *reply and *rows; else the daemon's error
-  // or an outage (see above).
-  absl::Status Lookup(uint64_t namespace_id, std::string_view hashes, bool pin,
-                      absl::Duration timeout, fastpath::Reply* reply,
-                      std::vector<uint32_t>* rows);
-  // Call `method` with `request`, within `timeout`; on OK parses the
-  // response into *response. `what` (the call's name) prefixes messages.
-  absl::Status Call(fastpath::Method method, absl::string_view what,
+  // A lookup of packed `hashes` in namespace `namespace_id` (binary frame)
+  // for session `session`, within `timeout`. On OK fills *reply and *rows;
+  // else the daemon's error or an outage (see above): the latter also when
+  // the link is bound to another session than `session` (the request was
+  // made for a session that ended), so a request never runs for a session
+  // it was not filled for.
+  absl::Status Lookup(uint64_t session, uint64_t namespace_id,
+                      std::string_view hashes, bool pin, absl::Duration timeout,
+                      fastpath::Reply* reply, std::vector<uint32_t>* rows);
+  // Call `method` with `request`, made for session `session`, within
+  // `timeout`; on OK parses the response into *response. `what` (the call's
+  // name) prefixes messages. An outage when bound to another session, as
+  // for Lookup.
+  absl::Status Call(uint64_t session, fastpath::Method method,
+                    absl::string_view what,
                     const google::protobuf::MessageLite& request,
                     google::protobuf::MessageLite* response,
                     absl::Duration timeout);
@@ -100,9 +108,11 @@ class EngineLink {
     uint64_t generation = 0;
     absl::Duration timeout;  // What the fd's socket timeouts are set to.
   };
-  // Takes an idle connection or dials one, waiting while kMaxConnections
-  // are busy, before `deadline`; with its socket timeouts set to `timeout`.
-  absl::Status Acquire(absl::Time deadline, absl::Duration timeout, Conn* c);
+  // Takes an idle connection of session `session` or dials one, waiting
+  // while kMaxConnections are busy, before `deadline`; with its socket
+  // timeouts set to `timeout`. An outage when not bound to `session`.
+  absl::Status Acquire(uint64_t session, absl::Time deadline,
+                       absl::Duration timeout, Conn* c);
   // Gives `c` back: kept when `healthy` and of the current session, else
   // closed.
   void Return(Conn c, bool healthy);

@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -51,10 +52,13 @@ class Daemon {
     std::filesystem::remove_all(dir_, ec);
   }
 
-  // Starts kvtierd over the same socket and shm folder (a restart after
-  // Kill). REQUIRES: none is running.
+  // Starts kvtierd ($KVTIERD, else KVTIER_KVTIERD_PATH: a copied build runs
+  // elsewhere) over the same socket and shm folder (a restart after Kill).
+  // REQUIRES: none is running.
   void Start() {
-    std::vector<std::string> argv = {KVTIER_KVTIERD_PATH, "--socket=" + socket_,
+    const char* env = std::getenv("KVTIERD");
+    const std::string kvtierd = env != nullptr ? env : KVTIER_KVTIERD_PATH;
+    std::vector<std::string> argv = {kvtierd, "--socket=" + socket_,
                                      "--shm_dir=" + shm_, "--huge_pages=off",
                                      "--log_level=warn"};
     std::vector<char*> args;

@@ -105,9 +105,9 @@ absl::StatusOr<Lease> Namespace::Lookup(std::string_view hashes, bool pin) {
   }
   fastpath::Reply reply;
   Lease lease;
-  const absl::Status status =
-      state_->conn->link.Lookup(req.namespace_id(), hashes, pin,
-                                state_->conn->timeout, &reply, &lease.rows_);
+  const absl::Status status = state_->conn->link.Lookup(
+      req.session_id(), req.namespace_id(), hashes, pin, state_->conn->timeout,
+      &reply, &lease.rows_);
   if (!state_->Current(epoch)) return miss;
   if (!status.ok()) {
     if (OutageLike(status)) return miss;

@@ -57,6 +57,7 @@
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 namespace kvtier::fastpath {
 
@@ -182,6 +183,20 @@ struct Reply {
 };
 
 static_assert(sizeof(Call) == sizeof(Request));
+// The wire layout, without implicit padding, the same on both ends.
+static_assert(sizeof(Hello) == 16 && sizeof(HelloReply) == 8 &&
+              sizeof(Open) == 16 && sizeof(OpenReply) == 24 &&
+              sizeof(Control) == 16 && sizeof(Request) == 24 &&
+              sizeof(Call) == 24 && sizeof(CallReply) == 24 &&
+              sizeof(Reply) == 40);
+static_assert(std::is_trivially_copyable_v<Hello> &&
+              std::is_trivially_copyable_v<Open> &&
+              std::is_trivially_copyable_v<OpenReply> &&
+              std::is_trivially_copyable_v<Control> &&
+              std::is_trivially_copyable_v<Request> &&
+              std::is_trivially_copyable_v<Call> &&
+              std::is_trivially_copyable_v<CallReply> &&
+              std::is_trivially_copyable_v<Reply>);
 
 // Reads exactly n bytes; false on EOF or error.
 inline bool ReadFull(int fd, void* p, size_t n) {

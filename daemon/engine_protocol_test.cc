@@ -2,11 +2,12 @@
 // as FastLookupServer serves them on a real unix socket: an Open opens a
 // session bound to the peer, which ends with its connection (after a
 // Goodbye or not); a call connection of that session runs protobuf calls,
-// refuses a request naming another session, a malformed request and an
-// unknown method with an error reply (and stays usable), and closes on an
-// oversized call; DrainSessions reaches the session connection; a malformed
-// Open opens nothing. Nothing here waits on a wall-clock bound: waits poll
-// a condition for at most 30 s and fail if it never holds.
+// refuses a request naming another session, a malformed request, an
+// unknown method and an oversized call with an error reply (and stays
+// usable), and closes on a framing error; DrainSessions reaches the session
+// connection; a malformed Open opens nothing, and an Open past the served
+// cap is refused with an OpenReply. Nothing here waits on a wall-clock bound:
+// waits poll a condition for at most 30 s and fail if it never holds.
 //
 // Thread-safety: single-threaded tests (the server runs its own threads).
 #include <poll.h>
@@ -234,11 +235,25 @@ TEST_F(EngineProtocolTest, CallsRunForTheConnectionsSessionOnly) {
   ASSERT_TRUE(ok.answered);
   EXPECT_EQ(ok.reply.code, 0) << ok.message;
 
-  // A call larger than the limit closes the connection before its payload.
-  Call huge;
-  huge.method = static_cast<uint32_t>(Method::kCommit);
-  huge.payload_bytes = FastLookupOptions().max_call_bytes + 1;
-  iovec iov{&huge, sizeof(huge)};
+  // A call larger than the limit is read, dropped and refused with an
+  // answer; the connection stays usable.
+  const std::string huge(FastLookupOptions().max_call_bytes + 1, 'x');
+  CallResult refused =
+      SendCall(fd, static_cast<uint32_t>(Method::kCommit), huge);
+  ASSERT_TRUE(refused.answered);
+  EXPECT_EQ(refused.reply.code,
+            static_cast<int>(absl::StatusCode::kResourceExhausted))
+      << refused.message;
+  ok = SendCall(fd, static_cast<uint32_t>(Method::kFence),
+                fence.SerializeAsString());
+  ASSERT_TRUE(ok.answered);
+  EXPECT_EQ(ok.reply.code, 0) << ok.message;
+
+  // Reserved fields must be zero: anything else is a framing error.
+  Call odd;
+  odd.method = static_cast<uint32_t>(Method::kFence);
+  odd.reserved = 1;
+  iovec iov{&odd, sizeof(odd)};
   ASSERT_TRUE(WriteFullV(fd, &iov, 1));
   char c;
   EXPECT_LE(::recv(fd, &c, 1, 0), 0);
@@ -294,6 +309,26 @@ TEST_F(EngineProtocolTest, MalformedOpenOpensNothing) {
   EXPECT_NE(message.find("client_name"), std::string::npos) << message;
   ::close(named);
   EXPECT_EQ(core_->session_count(), 0u);
+}
+
+TEST_F(EngineProtocolTest, OpenPastTheServedCapGetsAnOpenReply) {
+  server_.reset();
+  FastLookupOptions o;
+  o.max_connections = 1;
+  server_ = std::make_unique<FastLookupServer>(core_.get(), o);
+  ASSERT_TRUE(server_->Start(path_).ok());
+  uint64_t session = 0;
+  const int first = OpenSession(&session);
+  ASSERT_NE(session, 0u);
+  v1::Hello hello;
+  OpenReply reply;
+  std::string message;
+  const int second = Connect(path_);
+  ASSERT_TRUE(SendOpen(second, hello.SerializeAsString(), &reply, &message));
+  EXPECT_EQ(reply.code, static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_EQ(reply.session_id, 0u);
+  ::close(second);
+  ::close(first);
 }
 
 }  // namespace

@@ -30,6 +30,8 @@ using namespace fastpath;  // NOLINT: the protocol's own names.
 constexpr size_t kFirstChunk = 64 << 10;
 // Buffers above this are given back once their request is answered.
 constexpr size_t kKeepBytes = 1 << 20;
+// How long a reply may wait for room in the peer's socket buffer.
+constexpr absl::Duration kSendTimeout = absl::Seconds(10);
 
 // Fills the error fields shared by the replies: code, reason and the message
 // (cut at kMaxMessageBytes) in *message.
@@ -41,7 +43,44 @@ void SetError(const absl::Status& s, R* reply, std::string* message) {
   reply->message_bytes = static_cast<uint32_t>(message->size());
 }
 
+// RESOURCE_EXHAUSTED for a `what` of `bytes` bytes: over `limit`, or (when
+// `fits`) over what the daemon holds for all connections at once.
+absl::Status TooLarge(const char* what, uint32_t bytes, uint32_t limit,
+                      bool fits) {
+  return absl::ResourceExhaustedError(
+      fits ? absl::StrCat(what, ": ", bytes,
+                          " bytes do not fit in what kvtierd holds for "
+                          "requests in flight now; retry")
+           : absl::StrCat(what, ": ", bytes, " bytes, more than the ", limit,
+                          " this kvtierd accepts"));
+}
+
 }  // namespace
+
+bool FastLookupServer::Discard(int fd, uint32_t bytes) {
+  char sink[64 << 10];
+  while (bytes > 0) {
+    const uint32_t n = std::min<uint32_t>(bytes, sizeof(sink));
+    if (!ReadFull(fd, sink, n)) return false;
+    bytes -= n;
+  }
+  return true;
+}
+
+FastLookupServer::PayloadBudget::PayloadBudget(FastLookupServer* server,
+                                               uint64_t bytes)
+    : server_(server), bytes_(bytes) {
+  const uint64_t before = server_->inflight_bytes_.fetch_add(bytes_);
+  if (before + bytes_ > server_->options_.max_inflight_bytes) {
+    server_->inflight_bytes_.fetch_sub(bytes_);
+    bytes_ = 0;
+    ok_ = false;
+  }
+}
+
+FastLookupServer::PayloadBudget::~PayloadBudget() {
+  server_->inflight_bytes_.fetch_sub(bytes_);
+}
 
 bool FastLookupServer::ReadWithin(int fd, uint32_t bytes, std::string* buf) {
   // As the first frame, the rest of an Open comes within the deadline.
@@ -66,6 +105,11 @@ bool FastLookupServer::ReadPayload(int fd, uint32_t bytes, std::string* buf) {
 }
 
 void FastLookupServer::Serve(uint64_t id, int fd, uid_t uid, Hello first) {
+  // A peer that stops reading its replies loses the connection rather than
+  // holding this thread (and what its last request pinned).
+  const timeval send_limit = absl::ToTimeval(kSendTimeout);
+  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_limit,
+                     sizeof(send_limit));
   if (first.magic == kOpenMagic) {
     Open open;
     std::memcpy(static_cast<void*>(&open), &first, sizeof(open));
@@ -94,6 +138,9 @@ void FastLookupServer::ServeSession(int fd, const Open& open) {
     std::string bytes;
     v1::Hello hello;
     absl::Status s;
+    if (open.reserved != 0) {
+      return;  // A framing error: the connection is closed.
+    }
     if (open.hello_bytes > kMaxOpenBytes) {
       s = absl::InvalidArgumentError(absl::StrCat(
           "open: hello_bytes ", open.hello_bytes, " > ", kMaxOpenBytes));
@@ -174,17 +221,28 @@ void FastLookupServer::ServeCalls(int fd, const Hello& hello) {
     if (req.magic == kCallMagic) {
       Call call;
       std::memcpy(static_cast<void*>(&call), &req, sizeof(call));
-      if (call.payload_bytes > options_.max_call_bytes ||
-          !ReadPayload(fd, call.payload_bytes, &payload)) {
-        break;
-      }
-      absl::Status s = RunEngineCall(core_, hello.session_id, call.method,
-                                     payload, &response);
+      if (call.reserved != 0 || call.reserved2 != 0) break;  // Framing.
       CallReply reply;
-      if (s.ok() && response.size() > kMaxCallBytes) {
-        s = absl::ResourceExhaustedError(
-            absl::StrCat("call: the response (", response.size(),
-                         " bytes) is larger than ", kMaxCallBytes, " bytes"));
+      absl::Status s;
+      {
+        PayloadBudget budget(this, call.payload_bytes);
+        if (call.payload_bytes > options_.max_call_bytes || !budget.ok()) {
+          // Refused with an answer, the connection kept: the bytes are read
+          // and dropped, never held.
+          if (!Discard(fd, call.payload_bytes)) break;
+          s = TooLarge("call", call.payload_bytes, options_.max_call_bytes,
+                       budget.ok());
+        } else if (!ReadPayload(fd, call.payload_bytes, &payload)) {
+          break;
+        } else {
+          s = RunEngineCall(core_, hello.session_id, call.method, payload,
+                            &response);
+        }
+      }
+      if (s.ok() && response.size() > options_.max_call_bytes) {
+        s = absl::ResourceExhaustedError(absl::StrCat(
+            "call: the response (", response.size(), " bytes) is larger than ",
+            options_.max_call_bytes, " bytes (--grpc_max_message_bytes)"));
       }
       if (s.ok()) {
         reply.payload_bytes = static_cast<uint32_t>(response.size());
@@ -197,7 +255,19 @@ void FastLookupServer::ServeCalls(int fd, const Hello& hello) {
                       {response.data(), response.size()}};
       ok = WriteFullV(fd, iov, 3);
     } else if (req.magic == kRequestMagic &&
-               req.hash_bytes <= options_.max_request_bytes) {
+               (req.hash_bytes > options_.max_request_bytes ||
+                inflight_bytes_.load() + req.hash_bytes >
+                    options_.max_inflight_bytes)) {
+      if (!Discard(fd, req.hash_bytes)) break;
+      Reply reply;
+      SetError(TooLarge("lookup", req.hash_bytes, options_.max_request_bytes,
+                        req.hash_bytes <= options_.max_request_bytes),
+               &reply, &message);
+      iovec iov[2] = {{&reply, sizeof(reply)},
+                      {message.data(), message.size()}};
+      ok = WriteFullV(fd, iov, 2);
+    } else if (req.magic == kRequestMagic) {
+      PayloadBudget budget(this, req.hash_bytes);
       if (!ReadPayload(fd, req.hash_bytes, &payload)) break;
       OpTimer timer(TimedOp::kLookup, Transport::kEngine);
       absl::Status s =

@@ -39,12 +39,18 @@ constexpr std::chrono::milliseconds kAcceptPause(100);
 // Connections accepted per wake-up before pending Hellos are read.
 constexpr int kAcceptBatch = 256;
 
-// Sends a HelloReply of `code` on non-blocking `fd` (a fresh socket's buffer
-// always has room for it); best effort.
-void RefuseHello(int fd, absl::StatusCode code) {
-  fastpath::HelloReply reply;
-  reply.code = static_cast<int>(code);
-  (void)::send(fd, &reply, sizeof(reply), MSG_NOSIGNAL | MSG_DONTWAIT);
+// Answers first frame `first` with `code` on non-blocking `fd` (a fresh
+// socket's buffer always has room for it), in the reply its kind expects: an
+// OpenReply to an Open, else a HelloReply; best effort.
+void RefuseHello(int fd, const fastpath::Hello& first, absl::StatusCode code) {
+  fastpath::OpenReply open;
+  fastpath::HelloReply hello;
+  open.code = hello.code = static_cast<int>(code);
+  if (first.magic == fastpath::kOpenMagic) {
+    (void)::send(fd, &open, sizeof(open), MSG_NOSIGNAL | MSG_DONTWAIT);
+  } else {
+    (void)::send(fd, &hello, sizeof(hello), MSG_NOSIGNAL | MSG_DONTWAIT);
+  }
 }
 
 }  // namespace
@@ -373,7 +379,7 @@ void FastLookupServer::ReadHello(uint64_t seq) {
     return;
   }
   if (p.hello.version != fastpath::kVersion) {
-    RefuseHello(p.fd, absl::StatusCode::kFailedPrecondition);
+    RefuseHello(p.fd, p.hello, absl::StatusCode::kFailedPrecondition);
     ClosePending(seq, FastLookupClose::kBadHello);
     return;
   }
@@ -386,7 +392,7 @@ void FastLookupServer::ReadHello(uint64_t seq) {
     if (of_uid == 0) served_per_uid_.erase(p.uid);
     if (stopping_) return;  // The loop closes it on its way out.
     const uid_t uid = p.uid;
-    RefuseHello(p.fd, absl::StatusCode::kResourceExhausted);
+    RefuseHello(p.fd, p.hello, absl::StatusCode::kResourceExhausted);
     ClosePending(seq, FastLookupClose::kServedCap);
     ++cap_refusals_;
     const Clock::time_point now = Clock::now();
@@ -415,7 +421,7 @@ void FastLookupServer::ReadHello(uint64_t seq) {
     // Out of threads (RLIMIT_NPROC, memory): this engine retries.
     threads_.erase(id);
     if (of_uid == 0) served_per_uid_.erase(taken.uid);
-    RefuseHello(taken.fd, absl::StatusCode::kResourceExhausted);
+    RefuseHello(taken.fd, taken.hello, absl::StatusCode::kResourceExhausted);
     ::close(taken.fd);
     SPDLOG_ERROR("fast lookup: cannot start a serving thread: {}", e.what());
     return;

@@ -48,6 +48,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <list>
@@ -88,6 +89,11 @@ struct FastLookupOptions {
   // Largest call (bytes of a protobuf request) a connection may send; a
   // larger one closes it. At most fastpath::kMaxCallBytes.
   uint32_t max_call_bytes = 64u << 20;
+  // Most bytes of requests (calls and lookups) held at once for all
+  // connections; a request past it is read, dropped and answered
+  // RESOURCE_EXHAUSTED (kvtierd: --grpc_memory_quota_bytes, the gRPC
+  // server's own bound).
+  uint64_t max_inflight_bytes = 4ull << 30;
 };
 
 class FastLookupServer {
@@ -161,6 +167,23 @@ class FastLookupServer {
   // Reads `bytes` bytes into *buf, growing it only as they arrive (a header
   // that claims a large payload costs nothing until it is sent).
   static bool ReadPayload(int fd, uint32_t bytes, std::string* buf);
+  // Reads and drops `bytes` bytes (a refused request's).
+  static bool Discard(int fd, uint32_t bytes);
+  // A request's share of max_inflight_bytes, held while it is read and
+  // answered; !ok() when it does not fit (and then holds nothing).
+  class PayloadBudget {
+   public:
+    PayloadBudget(FastLookupServer* server, uint64_t bytes);
+    ~PayloadBudget();
+    PayloadBudget(const PayloadBudget&) = delete;
+    PayloadBudget& operator=(const PayloadBudget&) = delete;
+    bool ok() const { return ok_; }
+
+   private:
+    FastLookupServer* const server_;
+    uint64_t bytes_;
+    bool ok_ = true;
+  };
   // ReadPayload within options_.hello_deadline.
   bool ReadWithin(int fd, uint32_t bytes, std::string* buf);
   // Joins the threads of connections that ended.
@@ -186,6 +209,9 @@ class FastLookupServer {
   uint64_t fd_refusals_ = 0;  // Since the last log line.
   Clock::time_point last_cap_log_{};
   uint64_t cap_refusals_ = 0;  // Since the last log line.
+
+  // Bytes of requests held now (PayloadBudget).
+  std::atomic<uint64_t> inflight_bytes_{0};
 
   mutable absl::Mutex mu_;
   absl::flat_hash_set<int> connections_ ABSL_GUARDED_BY(mu_);  // Served fds.

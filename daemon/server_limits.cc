@@ -43,7 +43,8 @@ ABSL_FLAG(uint32_t, grpc_max_threads, 64,
           "Most threads gRPC runs for synchronous handlers (0: unset)");
 ABSL_FLAG(uint64_t, grpc_memory_quota_bytes, 4ull << 30,
           "Memory gRPC may use for buffers across connections (0: gRPC's "
-          "default)");
+          "default), and the most bytes of requests the engine socket holds "
+          "at once (0: no bound)");
 ABSL_FLAG(uint32_t, grpc_handshake_timeout_ms, 10000,
           "A gRPC connection must finish its HTTP/2 handshake within this "
           "many ms, else it is closed (0: gRPC's default, 120 s)");
@@ -141,6 +142,10 @@ ServerLimits ServerLimitsFromFlags() {
   f.max_request_bytes = absl::GetFlag(FLAGS_fast_lookup_max_request_bytes);
   f.max_call_bytes = std::min(absl::GetFlag(FLAGS_grpc_max_message_bytes),
                               fastpath::kMaxCallBytes);
+  // The same bound on requests in flight on the engine socket (0: none).
+  f.max_inflight_bytes = l.memory_quota_bytes > 0
+                             ? l.memory_quota_bytes
+                             : std::numeric_limits<uint64_t>::max();
   return l;
 }
 

@@ -6,9 +6,11 @@
 //   memory per page at 1M pages (PrefixIndex::MemoryBytes and the process's
 //   RSS growth);
 // - over the unix socket, against a real kvtierd it starts: Lookup p50/p99
-//   with 1 and 8 concurrent clients (each its own connection), both over
-//   the gRPC Lookup RPC and over the fast lookup path (common/
-//   fast_lookup.h), and Reserve+Commit pages per second.
+//   with 1 and 8 concurrent clients (each its own Client), both as the
+//   engine protocol's protobuf Lookup calls (fast_lookup = false; the JSON
+//   still labels them "grpc", from when they went over gRPC) and as its
+//   binary lookup frames ("fast_path"; common/fast_lookup.h), and
+//   Reserve+Commit pages per second.
 // Prints one JSON object. Never asserts on time: it reports.
 #include <sys/utsname.h>
 #include <unistd.h>

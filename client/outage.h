@@ -3,9 +3,10 @@
 // and the status it answers while one lasts.
 //
 // The daemon marks "no such session" and "no such namespace id" with an
-// ErrorReason payload (common/error_reason.h), which common/grpc_status.h and
-// the fast lookup path carry to the client. The client marks its own outage
-// statuses with kDaemonUnreachable, so an engine can tell them apart too.
+// ErrorReason payload (common/error_reason.h), which the engine protocol's
+// replies carry to the client (client/engine_link.h). The client marks its
+// own outage statuses with kDaemonUnreachable, so an engine can tell them
+// apart too.
 //
 // Thread-safety: pure functions.
 #ifndef KVTIER_CLIENT_OUTAGE_H_

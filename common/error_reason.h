@@ -1,7 +1,8 @@
 // Machine-readable reasons for the few errors whose handling differs from
 // what their code alone says, carried as an absl::Status payload under
 // kErrorReasonTypeUrl (and across gRPC by common/grpc_status.h, across the
-// fast lookup path in fastpath::Reply::reason).
+// engine protocol in the reason field of its replies: fastpath::Reply,
+// OpenReply and CallReply).
 //
 // Why a payload and not the message: the client treats "the daemon does not
 // know this session or namespace" as an outage (a lookup is a miss, a commit
@@ -23,7 +24,8 @@
 
 namespace kvtier {
 
-// Wire values (payload text and fastpath::Reply::reason): never renumber.
+// Wire values (payload text and the fastpath replies' reason): never
+// renumber.
 enum class ErrorReason : uint32_t {
   kNone = 0,
   // The daemon has no open session of the request's id: it ended, or the

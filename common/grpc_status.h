@@ -1,5 +1,7 @@
-// The one mapping between absl::Status and grpc::Status: the daemon's
-// service adapter, the client library and the tests all use it.
+// The one mapping between absl::Status and grpc::Status: the daemon's gRPC
+// service adapter and the tests use it. libkvtier speaks no gRPC: the engine
+// protocol (common/fast_lookup.h) carries the code, the message and the
+// ErrorReason in its own replies.
 //
 // absl and gRPC share the canonical code numbering, so the mapping keeps the
 // code and the message. An absl status's payloads (such as the reason of

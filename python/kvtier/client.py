@@ -243,8 +243,9 @@ class Namespace(_Handle):
         packed bytes). With pin, the rows stay valid until the lease is
         released. With `device_pool` (an index into device_pools) the lookup
         also asks that pool for the usable snapshot
-        (Lease.has_device_snapshot; kvt_lookup_with_device): over gRPC, and
-        host-only while not device_pools_valid."""
+        (Lease.has_device_snapshot; kvt_lookup_with_device): as a protobuf
+        Lookup call, not the binary lookup frame, and host-only while not
+        device_pools_valid."""
         packed, n = _join_hashes(hashes, self.hash_bytes)
         out = c_void_p()
         if device_pool is None:

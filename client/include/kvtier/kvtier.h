@@ -309,9 +309,10 @@ kvt_status kvt_device_pool_restore(const kvt_device_pool_handle* pool,
                                    size_t bytes, void* stream);
 
 /* kvt_lookup that also asks device pool `device_pool` for the usable
- * snapshot (kvt_lease_has_device_snapshot). Always over gRPC. While
- * !kvt_device_pools_valid: a host-only lookup. INVALID_ARGUMENT when
- * device_pool is not below kvt_num_device_pools. */
+ * snapshot (kvt_lease_has_device_snapshot). Always a protobuf Lookup call,
+ * never the binary lookup frame. While !kvt_device_pools_valid: a host-only
+ * lookup. INVALID_ARGUMENT when device_pool is not below
+ * kvt_num_device_pools. */
 kvt_status kvt_lookup_with_device(kvt_namespace* ns, const uint8_t* hashes,
                                   size_t num_hashes, uint32_t device_pool,
                                   int32_t pin, kvt_lease** out);

@@ -214,9 +214,9 @@ class Namespace {
   }
 
   // Lookup that also asks device pool `device_pool` for the usable snapshot
-  // (Lease::has_device_snapshot). Always over gRPC. While
-  // !device_pools_valid(): a host-only lookup. INVALID_ARGUMENT when
-  // device_pool is not below num_device_pools().
+  // (Lease::has_device_snapshot). Always a protobuf Lookup call, never the
+  // binary lookup frame. While !device_pools_valid(): a host-only lookup.
+  // INVALID_ARGUMENT when device_pool is not below num_device_pools().
   Result<Lease> LookupWithDevice(std::string_view hashes, uint32_t device_pool,
                                  bool pin = true) {
     size_t n = 0;

@@ -14,8 +14,9 @@
 #
 #   --needed=print  (default) prints the list, and what lies outside the goal
 #   --needed=pic    fails if the list names a library that KVTIER_PIC_DEPS
-#                   links statically: abseil, protobuf, libxxhash, libcrypto
-#                   (ctest libkvtier_static_deps)
+#                   links statically (abseil, protobuf, libxxhash,
+#                   libcrypto), or if one of their symbols is left
+#                   undefined (ctest libkvtier_static_deps)
 #   --needed=check  fails if the list names anything outside the goal
 #
 # Usage: check_exports.sh [--needed=print|pic|check] libkvtier.so
@@ -59,7 +60,21 @@ if [ "$needed_mode" = pic ]; then
     echo "$linked" | sed 's/^/  /'
     exit 1
   fi
-  echo "no abseil, protobuf, libxxhash or libcrypto among them"
+  # Nor may it leave one of their symbols undefined, for whatever copy the
+  # process holds to resolve; but for the weak references to TLS init
+  # functions (_ZTH*) that g++ emits beside each extern thread_local (here
+  # abseil's cordz_next_sample, constant-initialised: nothing defines one).
+  undefined=$(nm -D --undefined-only "$lib" |
+    awk '$1 == "U" || ($1 == "w" && $2 !~ /^_ZTH/) {print $2}' |
+    grep -E 'N4absl|N6google8protobuf|^XXH|^(EVP|OPENSSL|CRYPTO|ERR)_' || true)
+  if [ -n "$undefined" ]; then
+    echo "FAIL: libkvtier.so leaves symbols of abseil, protobuf, libxxhash or" \
+      "libcrypto undefined ($(echo "$undefined" | wc -l)):"
+    echo "$undefined" | head -10 | c++filt | sed 's/^/  /'
+    exit 1
+  fi
+  echo "no abseil, protobuf, libxxhash or libcrypto among them, nor any" \
+    "symbol of theirs left undefined"
 fi
 outside=$(echo "$deps" | grep -Ev "$allowed" || true)
 if [ -n "$outside" ]; then

@@ -10,6 +10,11 @@
 #   make fuzz       the libFuzzer harnesses in fuzz/, FUZZ_SECONDS each
 BUILD ?= build
 BUILD_TYPE ?= RelWithDebInfo
+# libkvtier.so links abseil, protobuf, libxxhash and libcrypto statically,
+# their symbols hidden (issue 15): abseil and protobuf rebuilt -fPIC from
+# Debian's source packages by scripts/pic-deps.sh into $(PIC_DEPS), once
+# (it does nothing while its stamp holds); cmake -DKVTIER_PIC_DEPS.
+PIC_DEPS ?= $(BUILD)/pic-deps
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 # The Python venv (torch, transformers, pytest: python/requirements.txt) that
@@ -53,7 +58,7 @@ TSAN_ENV = TSAN_OPTIONS=halt_on_error=0:exitcode=0:history_size=4:second_deadloc
 empty :=
 space := $(empty) $(empty)
 
-.PHONY: all deps configure build run test test-gpu bench format clean \
+.PHONY: all deps pic-deps configure build run test test-gpu bench format clean \
   asan-configure asan-build test-asan fuzz pydeps vllm-deps python-package \
   test-vllm tsan-abseil tsan-configure tsan-build test-tsan
 
@@ -62,8 +67,12 @@ all: build
 deps:
 	@scripts/install-deps.sh
 
-configure: deps
+pic-deps: deps
+	@scripts/pic-deps.sh $(PIC_DEPS)
+
+configure: deps pic-deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  -DKVTIER_PIC_DEPS=$(abspath $(PIC_DEPS)) \
 	  -DKVTIER_PYTHON=$(abspath $(VENV))/bin/python \
 	  -DKVTIER_VLLM_PYTHON=$(abspath $(VENV_VLLM))/bin/python $(CMAKE_FLAGS) >/dev/null
 

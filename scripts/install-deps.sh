@@ -14,7 +14,7 @@ pkgs=(
   python3 python3-venv  # make pydeps: the venv of python/requirements.txt
   clang libclang-rt-14-dev passwd  # test-asan + fuzz/; useradd (isolation)
   libseccomp-dev  # tests/seccomp_exec: the unit's SystemCallFilter= in CI
-  curl dpkg-dev  # make test-tsan: abseil's Debian source (scripts/tsan-abseil.sh)
+  curl dpkg-dev  # Debian source packages: scripts/pic-deps.sh, scripts/tsan-abseil.sh
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -12,41 +12,29 @@
 # call_once and reference counts now tell TSan what they synchronise.
 #
 # Does nothing when OUT/.complete names the installed libabsl-dev version.
-# Needs curl and dpkg-source (dpkg-dev), clang; network to deb.debian.org.
+# Needs curl and dpkg-source (dpkg-dev), clang; network to deb.debian.org
+# (or $DEBIAN_MIRROR: scripts/debian-source.sh).
 set -euo pipefail
 out=${1:?usage: tsan-abseil.sh OUT_DIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
-version=$(dpkg-query -W -f='${Version}' libabsl-dev)
 # The source package of the installed libabsl-dev; its .dsc is pinned here
-# (dpkg-source then checks the tarballs against the .dsc). A Debian update of
-# abseil needs a new pin: the version and the sha256 of its .dsc.
+# (its tarballs are checked against the .dsc: scripts/debian-source.sh). A
+# Debian update of abseil needs a new pin: the version and the sha256 of its
+# .dsc (scripts/pic-deps.sh pins the same).
 pinned_version=20220623.1-1+deb12u2
 pinned_dsc_sha256=ba731eaced569332fa4ce802a7ff2615ae57ac25beaf2d02f634ef908f2e62c2
+version=$(dpkg-query -W -f='${Version}' libabsl-dev)
 if [ -f "$out/.complete" ] && [ "$(cat "$out/.complete")" = "$version" ]; then
   exit 0
 fi
-if [ "$version" != "$pinned_version" ]; then
-  echo "tsan-abseil: libabsl-dev is $version, the script knows" \
-    "$pinned_version: update pinned_version and pinned_dsc_sha256" >&2
-  exit 1
-fi
+. "$(dirname "$0")/debian-source.sh"
+debian_pinned_version tsan-abseil libabsl-dev "$pinned_version"
 start=$SECONDS
 rm -rf "$out"/{src,build,lib,include} "$out/.complete"
-mirror=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
-dsc=abseil_${version}.dsc
-upstream=${version%-*}
-mkdir -p "$out/dl"
-for f in "$dsc" "abseil_${upstream}.orig.tar.gz" \
-  "abseil_${version}.debian.tar.xz"; do
-  if [ ! -s "$out/dl/$f" ]; then
-    curl -sSfL -o "$out/dl/$f.part" "$mirror/pool/main/a/abseil/$f"
-    mv "$out/dl/$f.part" "$out/dl/$f"
-  fi
-done
-echo "$pinned_dsc_sha256  $out/dl/$dsc" | sha256sum --quiet -c -
-dpkg-source --no-check -x "$out/dl/$dsc" "$out/src" >/dev/null
+debian_source_unpack tsan-abseil abseil "$version" "$pinned_dsc_sha256" \
+  "$out/dl" "$out/src"
 
 # As debian/rules configures its shared build (C++17, shared libraries),
 # plus TSan. ccache, where present, shares the objects between build folders.
@@ -88,7 +76,7 @@ for sys in "$sysdir"/libabsl_*.so.*.*.*; do
   fi
   n=$((n + 1))
 done
-rm -rf "$out/build" "$out/src" "$out/missing.txt" "$out"/abseil_*
+rm -rf "$out/build" "$out/src" "$out/missing.txt"
 echo "$version" >"$out/.complete"
 echo "tsan-abseil: $n libraries of abseil $version built for TSan in" \
   "$((SECONDS - start)) s ($out/lib)"

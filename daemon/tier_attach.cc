@@ -38,8 +38,9 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
   if ((options_.require_peer_credentials || acl != nullptr) && !peer.verified) {
     return absl::FailedPreconditionError(absl::StrCat(
         "session_id: session ", req.session_id(),
-        " has no verified peer credentials; the client binds them by "
-        "connecting the fast lookup socket after the session opens"));
+        " has no verified peer credentials; libkvtier binds them when it "
+        "opens the session on the engine socket (<socket>.lookup), a gRPC "
+        "client with a Hello there after its Session opens"));
   }
   if (acl != nullptr && !acl->Allows(peer)) {
     return absl::PermissionDeniedError(

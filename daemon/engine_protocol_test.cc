@@ -26,6 +26,7 @@
 
 #include "common/error_reason.h"
 #include "common/fast_lookup.h"
+#include "daemon/engine_socket_test_util.h"
 #include "daemon/fast_lookup_server.h"
 #include "daemon/tier_core.h"
 #include "gtest/gtest.h"
@@ -33,22 +34,9 @@
 namespace kvtier::daemon {
 namespace {
 
-using namespace fastpath;  // NOLINT: the protocol's own names.
+using testing::Connect;
 
-int Connect(const std::string& path) {
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const timeval tv{30, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
+using namespace fastpath;  // NOLINT: the protocol's own names.
 
 // Polls `done` until it holds, for at most 30 s.
 bool Eventually(const std::function<bool()>& done) {

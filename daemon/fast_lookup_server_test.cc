@@ -24,6 +24,7 @@
 #include <thread>
 
 #include "common/fast_lookup.h"
+#include "daemon/engine_socket_test_util.h"
 #include "daemon/metrics.h"
 #include "daemon/tier_core.h"
 #include "gtest/gtest.h"
@@ -31,32 +32,10 @@
 namespace kvtier::daemon {
 namespace {
 
+using testing::Connect;
+using testing::WaitClosed;
+
 using Clock = std::chrono::steady_clock;
-
-// Connects to `path`; -1 on failure. Reads and writes give up after 30 s,
-// so a test whose server never answers fails instead of hanging.
-int Connect(const std::string& path) {
-  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_un addr{};
-  addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  const timeval tv{30, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// True when the server closed `fd` (read returns EOF or ECONNRESET) within
-// 30 s; false when it is still open then or data arrived.
-bool WaitClosed(int fd) {
-  char c;
-  const ssize_t r = ::recv(fd, &c, 1, 0);
-  return r == 0 || (r < 0 && errno == ECONNRESET);
-}
 
 // True when `fd` is neither readable nor hung up right now.
 bool StillOpen(int fd) {

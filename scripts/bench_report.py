@@ -382,26 +382,52 @@ def index_section(data):
         rows.append(["in-process (TierCore, no transport)", 1, fmt(lk.get("p50_us")),
                      fmt(lk.get("p99_us")), fmt(lk.get("mean_us")), "—"])
     sock = data.get("socket") or {}
-    for r in (sock.get("lookup", []) if isinstance(sock, dict) else []):
+    if not isinstance(sock, dict):
+        sock = {}
+    if "pinned_lookup_release" in sock:
+        # Since the engine protocol: the headline is a pinned lookup and the
+        # Release of its lease; unpinned beside it; each as the binary lookup
+        # frame and as a protobuf Lookup call on the engine socket.
+        for key, what in (("pinned_lookup_release", "pinned + release"),
+                          ("unpinned_lookup", "unpinned")):
+            for r in sock.get(key, []):
+                rows.append([f"{what}, engine socket ({r.get('transport')})",
+                             r.get("clients"), fmt(r.get("p50_us")),
+                             fmt(r.get("p99_us")), fmt(r.get("mean_us")),
+                             fmt(r.get("ops_per_s"), 0)])
+    for r in sock.get("lookup", []):
         transport = r.get("transport", "grpc")
         rows.append([f"over the unix socket ({transport})", r.get("clients"),
                      fmt(r.get("p50_us")), fmt(r.get("p99_us")), fmt(r.get("mean_us")),
                      fmt(r.get("lookups_per_s"), 0)])
     if rows:
         out.append("\nTargets: p50 ≤ 100 µs, p99 ≤ 300 µs with 8 concurrent clients "
-                   "over the socket.\n\n")
+                   "over the socket (issue 16: for pinned lookup + release).\n\n")
         out.append(table(["lookup", "clients", "p50 µs", "p99 µs", "mean µs",
-                          "lookups/s"], rows))
+                          "ops/s"], rows))
     crow = []
-    for name, part in (("in-process", ip), ("over the socket", sock)):
+    for name, part in (("in-process, no journal", ip),
+                       ("over the socket" if "commit_by_journal" not in sock
+                        else "over the socket, journal on (default: beside the banks)",
+                        sock)):
         c = part.get("commit") if isinstance(part, dict) else None
         if c:
+            rc = c.get("reserve_commit") or {}
             crow.append([name, fmt(c.get("pages_per_s"), 0), c.get("batch_pages"),
-                         c.get("pages")])
+                         c.get("pages"), fmt(rc.get("p50_us")), fmt(rc.get("p99_us"))])
+    for j in sock.get("commit_by_journal", []) or []:
+        if not isinstance(j, dict):
+            continue
+        c = j.get("commit") or {}
+        rc = c.get("reserve_commit") or {}
+        crow.append([f"over the socket, journal {j.get('journal')} "
+                     f"({j.get('medium')})", fmt(c.get("pages_per_s"), 0),
+                     c.get("batch_pages"), c.get("pages"), fmt(rc.get("p50_us")),
+                     fmt(rc.get("p99_us"))])
     if crow:
         out.append("\nReserve + Commit (target ≥ 200k pages/s):\n\n")
-        out.append(table(["commit", "pages/s", "pages per commit", "pages committed"],
-                         crow))
+        out.append(table(["commit", "pages/s", "pages per commit", "pages committed",
+                          "p50 µs", "p99 µs"], crow))
     mem = data.get("memory")
     if isinstance(mem, dict):
         out.append(

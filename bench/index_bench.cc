@@ -8,7 +8,8 @@
 // - over the engine socket (common/fast_lookup.h), against a real kvtierd it
 //   starts, with 1 and 8 concurrent clients (each its own Client): the
 //   headline, a pinned lookup and the Release of its lease (what an engine
-//   does before it copies rows out), and beside it the unpinned lookup, each
+//   does before it copies rows out; each part's figures too), and beside it
+//   the unpinned lookup, each
 //   as libkvtier's binary lookup frame and as a protobuf Lookup call; then
 //   Reserve+Commit pages per second and latency, with the journal off, on
 //   (fsync off) and on with fsync, the journal on a disk folder (/var/tmp)
@@ -285,7 +286,8 @@ std::string LookupRun(const std::string& socket, const AttachOptions& ao,
     clients.push_back(*std::move(c));
     spaces.push_back(*std::move(s));
   }
-  std::vector<std::vector<double>> lat(n);
+  // Per client: the whole (lookup and, pinned, its release), and each part.
+  std::vector<std::vector<double>> lat(n), look(n), rel(n);
   std::atomic<bool> measuring{false}, stop{false};
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
@@ -294,14 +296,18 @@ std::string LookupRun(const std::string& socket, const AttachOptions& ao,
       while (!stop.load()) {
         const auto t0 = Clock::now();
         auto l = spaces[i]->Lookup(chains[rng() % chains.size()], pinned);
+        const auto t1 = Clock::now();
         if (!l.ok() || l->matched_pages() != pages) std::abort();
         if (pinned && (!l->pinned() || !l->Release().ok())) {
           std::abort();
         }
-        const double us =
-            std::chrono::duration<double, std::micro>(Clock::now() - t0)
-                .count();
-        if (measuring.load()) lat[i].push_back(us);
+        const auto t2 = Clock::now();
+        using Us = std::chrono::duration<double, std::micro>;
+        if (measuring.load()) {
+          lat[i].push_back(Us(t2 - t0).count());
+          look[i].push_back(Us(t1 - t0).count());
+          if (pinned) rel[i].push_back(Us(t2 - t1).count());
+        }
       }
     });
   }
@@ -313,13 +319,21 @@ std::string LookupRun(const std::string& socket, const AttachOptions& ao,
   const double took = std::chrono::duration<double>(Clock::now() - m0).count();
   stop = true;
   for (auto& t : threads) t.join();
-  std::vector<double> all;
-  for (auto& v : lat) all.insert(all.end(), v.begin(), v.end());
-  const Percentiles p = Summarize(all);
+  auto merged = [](const std::vector<std::vector<double>>& per) {
+    std::vector<double> all;
+    for (auto& v : per) all.insert(all.end(), v.begin(), v.end());
+    return Summarize(std::move(all));
+  };
+  const Percentiles p = merged(lat);
+  std::string parts;
+  if (pinned) {
+    parts = absl::StrFormat(R"(, "lookup": %s, "release": %s)",
+                            Json(merged(look)), Json(merged(rel)));
+  }
   return absl::StrFormat(
-      R"({"transport": "%s", "clients": %d, "p50_us": %.1f, "p99_us": %.1f, "mean_us": %.1f, "ops_per_s": %.0f})",
+      R"({"transport": "%s", "clients": %d, "p50_us": %.1f, "p99_us": %.1f, "mean_us": %.1f, "ops_per_s": %.0f%s})",
       frames ? "lookup_frame" : "lookup_call", n, p.p50_us, p.p99_us, p.mean_us,
-      p.ops / took);
+      p.ops / took, parts);
 }
 
 // The filesystem type of `path` (the journal's medium: fsync on tmpfs costs

@@ -83,11 +83,13 @@ struct FastLookupOptions {
   // uid; beyond, a Hello is answered RESOURCE_EXHAUSTED.
   int max_connections = 1024;
   int max_connections_per_uid = 256;
-  // Largest request (bytes of hashes) a connection may send; a larger one
-  // closes it. At most fastpath::kMaxRequestBytes.
+  // Largest request (bytes of hashes) a connection may send; a larger one is
+  // read, dropped and answered RESOURCE_EXHAUSTED. At most
+  // fastpath::kMaxRequestBytes.
   uint32_t max_request_bytes = fastpath::kMaxRequestBytes;
-  // Largest call (bytes of a protobuf request) a connection may send; a
-  // larger one closes it. At most fastpath::kMaxCallBytes.
+  // Largest call (bytes of a protobuf request, and of a response) a
+  // connection may send; a larger one is read, dropped and answered
+  // RESOURCE_EXHAUSTED. At most fastpath::kMaxCallBytes.
   uint32_t max_call_bytes = 64u << 20;
   // Most bytes of requests (calls and lookups) held at once for all
   // connections; a request past it is read, dropped and answered

@@ -57,6 +57,18 @@ absl::Status TooLarge(const char* what, uint32_t bytes, uint32_t limit,
 
 }  // namespace
 
+bool FastLookupServer::TakePayload(int fd, uint32_t bytes, uint32_t limit,
+                                   bool fits, const char* what,
+                                   std::string* payload,
+                                   absl::Status* refused) {
+  *refused = absl::OkStatus();
+  if (bytes <= limit && fits) return ReadPayload(fd, bytes, payload);
+  // Refused with an answer, the connection kept: the bytes are read and
+  // dropped, never held.
+  *refused = TooLarge(what, bytes, limit, bytes <= limit);
+  return Discard(fd, bytes);
+}
+
 bool FastLookupServer::Discard(int fd, uint32_t bytes) {
   char sink[64 << 10];
   while (bytes > 0) {
@@ -226,15 +238,11 @@ void FastLookupServer::ServeCalls(int fd, const Hello& hello) {
       absl::Status s;
       {
         PayloadBudget budget(this, call.payload_bytes);
-        if (call.payload_bytes > options_.max_call_bytes || !budget.ok()) {
-          // Refused with an answer, the connection kept: the bytes are read
-          // and dropped, never held.
-          if (!Discard(fd, call.payload_bytes)) break;
-          s = TooLarge("call", call.payload_bytes, options_.max_call_bytes,
-                       budget.ok());
-        } else if (!ReadPayload(fd, call.payload_bytes, &payload)) {
+        if (!TakePayload(fd, call.payload_bytes, options_.max_call_bytes,
+                         budget.ok(), "call", &payload, &s)) {
           break;
-        } else {
+        }
+        if (s.ok()) {
           s = RunEngineCall(core_, hello.session_id, call.method, payload,
                             &response);
         }
@@ -254,26 +262,19 @@ void FastLookupServer::ServeCalls(int fd, const Hello& hello) {
                       {message.data(), message.size()},
                       {response.data(), response.size()}};
       ok = WriteFullV(fd, iov, 3);
-    } else if (req.magic == kRequestMagic &&
-               (req.hash_bytes > options_.max_request_bytes ||
-                inflight_bytes_.load() + req.hash_bytes >
-                    options_.max_inflight_bytes)) {
-      if (!Discard(fd, req.hash_bytes)) break;
-      Reply reply;
-      SetError(TooLarge("lookup", req.hash_bytes, options_.max_request_bytes,
-                        req.hash_bytes <= options_.max_request_bytes),
-               &reply, &message);
-      iovec iov[2] = {{&reply, sizeof(reply)},
-                      {message.data(), message.size()}};
-      ok = WriteFullV(fd, iov, 2);
     } else if (req.magic == kRequestMagic) {
       PayloadBudget budget(this, req.hash_bytes);
-      if (!ReadPayload(fd, req.hash_bytes, &payload)) break;
-      OpTimer timer(TimedOp::kLookup, Transport::kEngine);
-      absl::Status s =
-          core_->LookupHashes(hello.session_id, req.namespace_id, payload,
-                              (req.flags & kFlagPin) != 0, &out);
-      timer.Done(s.ok());
+      absl::Status s;
+      if (!TakePayload(fd, req.hash_bytes, options_.max_request_bytes,
+                       budget.ok(), "lookup", &payload, &s)) {
+        break;
+      }
+      if (s.ok()) {
+        OpTimer timer(TimedOp::kLookup, Transport::kEngine);
+        s = core_->LookupHashes(hello.session_id, req.namespace_id, payload,
+                                (req.flags & kFlagPin) != 0, &out);
+        timer.Done(s.ok());
+      }
       Reply reply;
       iovec iov[2];
       iov[0] = {&reply, sizeof(reply)};

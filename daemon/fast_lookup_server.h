@@ -169,6 +169,13 @@ class FastLookupServer {
   // Reads `bytes` bytes into *buf, growing it only as they arrive (a header
   // that claims a large payload costs nothing until it is sent).
   static bool ReadPayload(int fd, uint32_t bytes, std::string* buf);
+  // Reads a request's `bytes` bytes into *payload; when they exceed `limit`
+  // or did not fit in the in-flight budget (!`fits`), reads and drops them
+  // instead and sets *refused (RESOURCE_EXHAUSTED for `what`), else OK.
+  // False: the connection broke.
+  static bool TakePayload(int fd, uint32_t bytes, uint32_t limit, bool fits,
+                          const char* what, std::string* payload,
+                          absl::Status* refused);
   // Reads and drops `bytes` bytes (a refused request's).
   static bool Discard(int fd, uint32_t bytes);
   // A request's share of max_inflight_bytes, held while it is read and

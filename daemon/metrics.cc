@@ -329,15 +329,15 @@ std::vector<MetricFamily> MetricsExporter::Impl::Collect() const {
     errs.Value(labels, errors[o][t].load(std::memory_order_relaxed));
   }
   {
-    // Errors first: Observe counts the sample before the error, so the
-    // count read second is never below the errors read first.
-    // Both transports.
+    // Both transports, each one's errors first: Observe counts the sample
+    // before the error, so the count read second is never below the errors
+    // read first.
     const int o = static_cast<int>(TimedOp::kAttach);
     uint64_t failed = 0, all = 0;
     for (int t = 0; t < kTransports; ++t) {
       failed += errors[o][t].load(std::memory_order_relaxed);
+      all += latency[o][t].count();
     }
-    for (int t = 0; t < kTransports; ++t) all += latency[o][t].count();
     attaches.Value({}, static_cast<double>(all - failed));
   }
   out.push_back(duration.Take());

@@ -47,7 +47,7 @@ TEST(ReferenceStreamTest, ASpinFirstHoldsWhatFollows) {
   s.Enqueue([&] { ran = 1; });
   EXPECT_EQ(ran.load(), 0);
   EXPECT_EQ(s.pending(), 2u);
-  flag = 1;
+  __atomic_store_n(&flag, 1, __ATOMIC_RELEASE);  // The spin reads it.
   s.Synchronize();
   EXPECT_EQ(ran.load(), 1);
 }

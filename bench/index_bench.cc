@@ -50,6 +50,8 @@ ABSL_FLAG(std::string, clients, "1,8", "Concurrent socket clients to try");
 ABSL_FLAG(uint64_t, memory_pages, 1000000, "Pages for the memory figure");
 ABSL_FLAG(uint32_t, prefixes, 64, "Distinct cached prefixes looked up");
 ABSL_FLAG(bool, socket, true, "Run the over-the-socket part");
+ABSL_FLAG(uint32_t, journal_commits, 512,
+          "Reserve+Commit calls per journal setting (none, on, fsync)");
 
 namespace kvtier::bench {
 namespace {
@@ -415,7 +417,8 @@ std::string OverSocket(uint32_t pages, double seconds, uint32_t prefixes,
   }
   std::vector<std::string> journals;
   for (const char* j : {"none", "on", "fsync"}) {
-    journals.push_back(JournalCommit(j, pages, 64, prefixes));
+    journals.push_back(JournalCommit(
+        j, pages, absl::GetFlag(FLAGS_journal_commits), prefixes));
   }
   return absl::StrFormat(
       R"({"pinned_lookup_release": [%s],

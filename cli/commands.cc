@@ -141,6 +141,7 @@ std::string RenderStatus(const v1::StatsResponse& stats) {
            {"USE %", kR},
            {"SIZE", kR},
            {"MEMORY", kL},
+           {"NODE", kR},
            {"FILE", kL}});
   for (const auto& ns : stats.namespaces()) {
     for (const auto& b : ns.banks()) {
@@ -150,7 +151,9 @@ std::string RenderStatus(const v1::StatsResponse& stats) {
                 FormatCount(b.fenced_rows()), FormatCount(b.free_rows()),
                 FormatPercent(b.used_rows(), b.rows()),
                 FormatBytes(b.rows() * b.row_bytes()),
-                b.huge_pages() ? "2 MiB pages" : "4 KiB pages", b.path()});
+                b.huge_pages() ? "2 MiB pages" : "4 KiB pages",
+                b.numa_node() < 0 ? "-" : absl::StrCat(b.numa_node()),
+                b.path()});
     }
   }
   out += t.Render();

@@ -58,6 +58,7 @@ v1::NamespaceInfo SampleNamespace() {
     b->set_path("/dev/hugepages/kvtier/kvtier.llama.kv.r" +
                 std::to_string(rank));
     b->set_huge_pages(true);
+    b->set_numa_node(rank == 0 ? -1 : 1);  // Rank 0 unbound, rank 1 on node 1.
   }
   return ns;
 }
@@ -75,8 +76,10 @@ TEST(RenderTest, StatusShowsTheDaemonNamespacesAndBanks) {
   EXPECT_THAT(out, ContainsRegex("llama +llama-3-8b +16 +2 +1,200 +0 +3 "
                                  "+4.7 GiB +2 +900 +100 +90.0%"));
   EXPECT_THAT(out, ContainsRegex("llama +kv +1 +2.0 MiB +4,096 +1,200 +16 "
-                                 "+0 +2,880 +29.3% +8.0 GiB +2 MiB pages "
+                                 "+0 +2,880 +29.3% +8.0 GiB +2 MiB pages +1 "
                                  "+/dev/hugepages/kvtier/kvtier.llama.kv.r1"));
+  EXPECT_THAT(out, ContainsRegex("llama +kv +0 .* +2 MiB pages +- "
+                                 "+/dev/hugepages/kvtier/kvtier.llama.kv.r0"));
   EXPECT_THAT(out, Not(HasSubstr("fenced:")));
 }
 

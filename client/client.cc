@@ -128,6 +128,10 @@ absl::StatusOr<std::unique_ptr<Namespace>> Client::Attach(
   req.mutable_capacity()->set_max_replay_tokens(
       options.capacity.max_replay_tokens);
   req.set_tenant_salt(options.tenant_salt);
+  // The GPU that will copy the rows, for the banks' NUMA placement.
+  req.set_pci_bus_id(!options.pci_bus_id.empty()  ? options.pci_bus_id
+                     : options.register_with_cuda ? CurrentDevicePciBusId()
+                                                  : "");
   const v1::AttachRequest replay = req;  // Without a session.
   const uint64_t epoch = connection_->epoch.load();
   if (!connection_->alive.load()) return Unreachable("Attach");

@@ -129,6 +129,10 @@ struct AttachOptions {
   // Register the banks with CUDA (cudaHostRegister, mapped) when a device is
   // present. Without a device the attach is host-only either way.
   bool register_with_cuda = true;
+  // The PCI bus id of the GPU that copies this rank's rows, for the banks'
+  // NUMA placement (kvtierd --bank_numa_node). Empty: the calling thread's
+  // current CUDA device when register_with_cuda, else none.
+  std::string pci_bus_id;
 };
 
 // A mapped bank: row r starts at base + r * row_stride. When registered,

@@ -25,6 +25,18 @@ bool CudaDevicePresent() {
   return present;
 }
 
+std::string CurrentDevicePciBusId() {
+  if (!CudaDevicePresent()) return "";
+  int device = 0;
+  char id[32] = {};
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetPCIBusId(id, sizeof(id), device) != cudaSuccess) {
+    cudaGetLastError();
+    return "";
+  }
+  return id;
+}
+
 absl::Status RegisterHostRange(void* p, uint64_t bytes) {
   if (!CudaDevicePresent()) {
     return absl::FailedPreconditionError("no CUDA device present");
@@ -80,6 +92,8 @@ absl::Status LaunchHostCallback(void* stream, void (*fn)(void*), void* arg) {
 #else  // !KVTIER_HAVE_CUDA
 
 bool CudaDevicePresent() { return false; }
+
+std::string CurrentDevicePciBusId() { return ""; }
 
 absl::Status RegisterHostRange(void*, uint64_t) {
   return absl::FailedPreconditionError("libkvtier was built without CUDA");

@@ -10,6 +10,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "absl/status/status.h"
 
@@ -20,6 +21,10 @@ inline constexpr uint64_t kMaxRegisterChunk = 64ull << 30;
 
 // Returns true when the CUDA runtime sees at least one device. Cached.
 bool CudaDevicePresent();
+
+// The PCI bus id of the calling thread's current CUDA device
+// ("0000:3B:00.0"), or "" when there is none.
+std::string CurrentDevicePciBusId();
 
 // Registers [p, p+bytes) as mapped, portable pinned memory in chunks of at
 // most kMaxRegisterChunk, so kernels reach it at the same address (UVA).

@@ -34,6 +34,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
+#include "shm/numa.h"
 #include "shm/trusted_path.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
@@ -49,6 +50,10 @@ ABSL_FLAG(std::string, hugetlbfs_dir, "",
           "hugetlbfs mount for 2 MiB-page banks (empty: detect one)");
 ABSL_FLAG(std::string, huge_pages, "auto",
           "auto: huge pages where reserved, else shm_dir; off; require");
+ABSL_FLAG(std::string, bank_numa_node, "auto",
+          "NUMA node of the banks: auto (each rank's banks on the node of "
+          "the GPU its engine names at Attach), none (first touch), or a "
+          "node number for every bank");
 ABSL_FLAG(std::string, segment_prefix, "kvtier",
           "Prefix of segment file names");
 ABSL_FLAG(uint64_t, default_namespace_bytes, 1ull << 30,
@@ -238,6 +243,19 @@ int Main(int argc, char** argv) {
     options.segments.huge_pages = shm::HugePagePolicy::kRequire;
   } else {
     SPDLOG_CRITICAL("--huge_pages: '{}' is not auto, off or require", huge);
+    return 2;
+  }
+  const std::string numa = absl::GetFlag(FLAGS_bank_numa_node);
+  if (numa == "auto") {
+    options.bank_numa_node = kvtier::daemon::kBankNumaAuto;
+  } else if (numa == "none") {
+    options.bank_numa_node = kvtier::daemon::kBankNumaNone;
+  } else if (int node = 0; absl::SimpleAtoi(numa, &node) && node >= 0 &&
+                           node <= kvtier::shm::kMaxNumaNode) {
+    options.bank_numa_node = node;
+  } else {
+    SPDLOG_CRITICAL("--bank_numa_node: '{}' is not auto, none or a node 0..{}",
+                    numa, kvtier::shm::kMaxNumaNode);
     return 2;
   }
   options.segment_prefix = absl::GetFlag(FLAGS_segment_prefix);

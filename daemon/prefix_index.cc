@@ -6,7 +6,9 @@
 // and prefix_index_check.cc.
 //
 // Thread-safety: as the header says; every function here but Create,
-// Normalize and ValidateRank changes the index and needs exclusive access.
+// Normalize, ValidateRank, Pin and Unpin changes the index and needs
+// exclusive access; Pin and Unpin need the owner's lock shared, and take
+// pin_mu_.
 #include "daemon/prefix_index.h"
 
 #include <cstring>
@@ -17,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 
@@ -64,7 +67,7 @@ PrefixIndex::PrefixIndex(const IndexConfig& config)
       snapshot_lru_(LruSet::key_compare(),
                     LruSet::allocator_type(&container_bytes_)),
       pinned_(0, absl::Hash<uint32_t>(), std::equal_to<>(),
-              CountingAllocator<uint32_t>(&container_bytes_)) {
+              CountingAllocator<uint32_t>(&pinned_bytes_)) {
   pages_.Reset(ranks_, config.page_rows);
   snapshots_.Reset(ranks_, config.snapshot_rows);
 }
@@ -202,26 +205,17 @@ void PrefixIndex::RemoveLeaf(uint32_t id) {
 
 void PrefixIndex::Pin(uint32_t node) {
   if (!IsLive(node)) return;
-  Node& n = N(node);
-  if (n.pins == 0) {
-    if (InLeafSet(n)) leaf_lru_.erase({n.tick, node});
-    if (InSnapshotSet(n)) snapshot_lru_.erase({n.tick, node});
-    pinned_.insert(node);
-  }
-  ++n.pins;
+  absl::MutexLock lock(&pin_mu_);
+  if (N(node).pins++ == 0) pinned_.insert(node);
 }
 
 absl::Status PrefixIndex::Unpin(uint32_t node) {
+  absl::MutexLock lock(&pin_mu_);
   if (!IsLive(node) || N(node).pins == 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("node: ", node, " is not a pinned node"));
   }
-  Node& n = N(node);
-  if (--n.pins == 0) {
-    pinned_.erase(node);
-    if (InLeafSet(n)) leaf_lru_.insert({n.tick, node});
-    if (InSnapshotSet(n)) snapshot_lru_.insert({n.tick, node});
-  }
+  if (--N(node).pins == 0) pinned_.erase(node);
   return absl::OkStatus();
 }
 
@@ -263,8 +257,11 @@ void PrefixIndex::Clear() {
                     CountingAllocator<uint32_t>(&container_bytes_));
   leaf_lru_.clear();
   snapshot_lru_.clear();
-  pinned_ = IdSet(0, absl::Hash<uint32_t>(), std::equal_to<>(),
-                  CountingAllocator<uint32_t>(&container_bytes_));
+  {
+    absl::MutexLock lock(&pin_mu_);
+    pinned_ = IdSet(0, absl::Hash<uint32_t>(), std::equal_to<>(),
+                    CountingAllocator<uint32_t>(&pinned_bytes_));
+  }
   pages_.Reset(ranks_, pages_.rows_per_rank());
   snapshots_.Reset(ranks_, snapshots_.rows_per_rank());
   nodes_ = leaves_ = snapshot_nodes_ = 0;

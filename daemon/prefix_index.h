@@ -15,8 +15,9 @@
 // Memory is kept near 100 bytes of daemon RAM per page (tp_size 1): nodes live
 // in a chunked pool addressed by uint32 ids (daemon/node_pool.h), the hash set
 // stores only node ids (hashing and comparing through the node's key, so a key
-// is stored once), and the LRU sets hold only evictable leaves and unpinned
-// snapshots. Each bank's row states are a RowPool (daemon/row_pool.h).
+// is stored once), and the LRU sets hold the leaves and the snapshot nodes
+// (eviction passes over the pinned ones). Each bank's row states are a RowPool
+// (daemon/row_pool.h).
 //
 // The member functions are defined by job: prefix_index.cc (construction, tree
 // links, pins, removal), prefix_index_alloc.cc (allocation, freeing,
@@ -25,12 +26,17 @@
 // (usage, listings, the node walk, memory) and prefix_index_check.cc
 // (CheckInvariants).
 //
-// Thread-safety: NOT thread-safe, and it holds no lock: the owner serialises
-// every call (TierCore holds the namespace's Namespace::mu,
-// daemon/tier_namespace.h). Const member functions only read (none moves a
-// recency, a counter or a container), so any number of them may run at once,
-// e.g. Find under a shared lock; every non-const member function needs
-// exclusive access, with no other call, const or not, in flight.
+// Thread-safety: the owner serialises calls with a reader-writer lock
+// (TierCore holds the namespace's Namespace::mu, daemon/tier_namespace.h).
+// Const member functions only read (none moves a recency, a counter or a
+// container), so any number of them may run at once, e.g. Find under a shared
+// lock. Pin and Unpin need the owner's lock held shared only: they may run
+// beside each other and beside the const functions (a pin count and the
+// pinned set change under the index's own pin_mu_, which the readers of
+// either take), so a pinned lookup and its release never wait for other
+// lookups. Every other non-const member function needs exclusive access,
+// with no other call in flight; eviction and DropSubtree then read the pin
+// counts without pin_mu_, since no Pin or Unpin can run.
 #ifndef KVTIER_DAEMON_PREFIX_INDEX_H_
 #define KVTIER_DAEMON_PREFIX_INDEX_H_
 
@@ -42,12 +48,14 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/btree_set.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/hash/hash.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "daemon/counting_allocator.h"
 #include "daemon/node_pool.h"
@@ -248,11 +256,12 @@ class PrefixIndex {
   // Adds one pin to `node`: it, its ancestors and its snapshot are then kept
   // from eviction and DropSubtree until as many Unpin calls. REQUIRES: `node`
   // is a live node id, e.g. a LookupResult::pin_node of the same critical
-  // section (anything else is a no-op).
-  void Pin(uint32_t node);
+  // section (anything else is a no-op), and the owner's lock is held, shared
+  // at least (see the file comment).
+  void Pin(uint32_t node) ABSL_LOCKS_EXCLUDED(pin_mu_);
   // Removes one pin. FAILED_PRECONDITION when `node` is not a live, pinned
-  // node. Clear() invalidates every pin: forget them there.
-  absl::Status Unpin(uint32_t node);
+  // node. Clear() invalidates every pin: forget them there. REQUIRES: as Pin.
+  absl::Status Unpin(uint32_t node) ABSL_LOCKS_EXCLUDED(pin_mu_);
 
   // ------------------------------------------------------------- removal --
 
@@ -278,6 +287,7 @@ class PrefixIndex {
     uint64_t evictable_leaves = 0;  // Childless and unpinned.
     uint64_t snapshots = 0;         // Nodes holding at least one snapshot row.
     uint64_t pinned_nodes = 0;
+    uint64_t pins = 0;  // Their pin counts summed (each Pin not yet undone).
     // Indexed by stored rank (tp_size entries, or 1 when replicated); the
     // snapshot vectors are all zero when the namespace is not hybrid.
     std::vector<uint64_t> free_page_rows, allocated_page_rows,
@@ -395,12 +405,10 @@ class PrefixIndex {
     return ranks_ != 0 && n.snapshot_ranks == ranks_;
   }
   // Set membership is a function of the node's state.
-  static bool InLeafSet(const Node& n) {
-    return n.first_child == kNoNode && n.pins == 0;
-  }
-  static bool InSnapshotSet(const Node& n) {
-    return n.snapshot_ranks != 0 && n.pins == 0;
-  }
+  // (Pins do not change membership, so that Pin and Unpin leave the sets
+  // alone; eviction passes over pinned entries.)
+  static bool InLeafSet(const Node& n) { return n.first_child == kNoNode; }
+  static bool InSnapshotSet(const Node& n) { return n.snapshot_ranks != 0; }
   uint64_t Position(const Node& n) const {
     return (uint64_t{n.depth} + 1) * tokens_per_page_;
   }
@@ -411,13 +419,13 @@ class PrefixIndex {
   // Allocation (prefix_index_alloc.cc). Sum of depth + 1 over pinned
   // nodes: a bound on the nodes pins protect (each pinned node and its
   // ancestors). O(pinned nodes).
-  uint64_t PinnedPathBound() const;
+  uint64_t PinnedPathBound() const ABSL_LOCKS_EXCLUDED(pin_mu_);
   // Committed page rows of `rank` held by pinned nodes and their ancestors,
   // which leaf eviction cannot free: a walk up from each pinned node that
   // stops at nodes already seen. O(pinned nodes and their ancestors).
-  uint64_t ProtectedPageRows(uint32_t rank) const;
+  uint64_t ProtectedPageRows(uint32_t rank) const ABSL_LOCKS_EXCLUDED(pin_mu_);
   // Committed snapshot rows of `rank` on pinned nodes. O(pinned nodes).
-  uint64_t PinnedSnapshotRows(uint32_t rank) const;
+  uint64_t PinnedSnapshotRows(uint32_t rank) const ABSL_LOCKS_EXCLUDED(pin_mu_);
 
   // Eviction (prefix_index_evict.cc). Evict until `rank` has `n` free rows
   // of the bank, as far as eviction can. Return whether it has.
@@ -478,9 +486,14 @@ class PrefixIndex {
   NodePool node_pool_;
   RowPool pages_, snapshots_;
   NodeSet by_key_;
-  LruSet leaf_lru_;      // (tick, id) of childless, unpinned nodes.
-  LruSet snapshot_lru_;  // (tick, id) of unpinned nodes holding snapshots.
-  IdSet pinned_;
+  LruSet leaf_lru_;      // (tick, id) of childless nodes.
+  LruSet snapshot_lru_;  // (tick, id) of nodes holding snapshots.
+  // Node::pins change under pin_mu_ (Pin and Unpin run under the owner's
+  // lock held shared); read under pin_mu_, or with the owner's lock held
+  // exclusively. pinned_ holds the nodes whose count is not zero.
+  mutable absl::Mutex pin_mu_;
+  size_t pinned_bytes_ ABSL_GUARDED_BY(pin_mu_) = 0;  // pinned_'s allocations.
+  IdSet pinned_ ABSL_GUARDED_BY(pin_mu_);
   uint64_t tick_ = 0;
   int64_t now_ms_ = 0;
   uint64_t nodes_ = 0, leaves_ = 0, snapshot_nodes_ = 0;

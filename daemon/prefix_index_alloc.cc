@@ -13,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "daemon/prefix_index.h"
 #include "daemon/row_pool.h"
@@ -34,12 +35,14 @@ std::string Shortfall(const char* bank, uint32_t rank, uint64_t need,
 }  // namespace
 
 uint64_t PrefixIndex::PinnedPathBound() const {
+  absl::MutexLock lock(&pin_mu_);
   uint64_t bound = 0;
   for (uint32_t id : pinned_) bound += uint64_t{N(id).depth} + 1;
   return bound;
 }
 
 uint64_t PrefixIndex::ProtectedPageRows(uint32_t rank) const {
+  absl::MutexLock lock(&pin_mu_);
   if (pinned_.empty()) return 0;
   // Pins protect their ancestors only implicitly (an ancestor keeps a child
   // until the pinned node goes), so walk up; paths share prefixes, and a
@@ -58,6 +61,7 @@ uint64_t PrefixIndex::ProtectedPageRows(uint32_t rank) const {
 
 uint64_t PrefixIndex::PinnedSnapshotRows(uint32_t rank) const {
   if (!hybrid_) return 0;
+  absl::MutexLock lock(&pin_mu_);
   uint64_t rows = 0;
   for (uint32_t id : pinned_) {
     if (SnapshotRow(id, rank) != kNoRow) ++rows;

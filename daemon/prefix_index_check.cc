@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "daemon/prefix_index.h"
 #include "daemon/row_pool.h"
 
@@ -20,6 +21,7 @@ absl::Status PrefixIndex::CheckInvariants() const {
   auto fail = [](auto&&... parts) {
     return absl::InternalError(absl::StrCat(parts...));
   };
+  absl::MutexLock lock(&pin_mu_);  // Pin counts and the pinned set.
   std::vector<uint32_t> page_ref(pages_.slots(), kNoNode);
   std::vector<uint32_t> snap_ref(snapshots_.slots(), kNoNode);
   uint64_t live = 0, childless = 0, with_snapshot = 0, in_leaf = 0, in_snap = 0,

@@ -1,7 +1,8 @@
 // PrefixIndex (daemon/prefix_index.h): eviction. Leaf-first LRU for page
 // rows (a node never goes before its children, which keeps coverage
 // prefix-closed), and for snapshot rows the spacing policy: redundant
-// snapshots first, then plain LRU, counted as a spacing violation. Only
+// snapshots first, then plain LRU, counted as a spacing violation. Both
+// pass over pinned nodes, which stay in the LRU sets. Only
 // AllocateRows (prefix_index_alloc.cc) evicts, once it has decided that
 // enough can be had.
 //
@@ -25,8 +26,18 @@ constexpr size_t kRedundancyVisits = 4096;
 }  // namespace
 
 bool PrefixIndex::EvictLeavesFor(uint32_t rank, uint32_t n) {
-  while (pages_.free_rows(rank) < n && !leaf_lru_.empty()) {
-    EvictLeaf(leaf_lru_.begin()->second);
+  // Pinned leaves stay in the LRU and are passed over. A parent left
+  // childless re-enters with a recency no older than its evicted child's, so
+  // the walk resumes at that recency and the parent is not missed.
+  auto it = leaf_lru_.begin();
+  while (pages_.free_rows(rank) < n && it != leaf_lru_.end()) {
+    const auto [tick, id] = *it;
+    if (N(id).pins != 0) {  // Exclusive access: no Pin runs now.
+      ++it;
+      continue;
+    }
+    EvictLeaf(id);
+    it = leaf_lru_.lower_bound({tick, 0});
   }
   return pages_.free_rows(rank) >= n;
 }
@@ -40,7 +51,7 @@ bool PrefixIndex::EvictSnapshotsFor(uint32_t rank, uint32_t n) {
            scanned < kRedundancyScan) {
       const auto key = *it;
       ++scanned;
-      if (SnapshotRow(key.second, rank) == kNoRow) {
+      if (SnapshotRow(key.second, rank) == kNoRow || N(key.second).pins != 0) {
         ++it;
         continue;
       }
@@ -55,7 +66,7 @@ bool PrefixIndex::EvictSnapshotsFor(uint32_t rank, uint32_t n) {
   auto it = snapshot_lru_.begin();
   while (snapshots_.free_rows(rank) < n && it != snapshot_lru_.end()) {
     const auto key = *it;
-    if (SnapshotRow(key.second, rank) == kNoRow) {
+    if (SnapshotRow(key.second, rank) == kNoRow || N(key.second).pins != 0) {
       ++it;
       continue;
     }

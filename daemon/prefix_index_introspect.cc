@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "daemon/prefix_index.h"
 #include "daemon/row_pool.h"
@@ -35,9 +36,17 @@ PrefixIndex::Usage PrefixIndex::GetUsage() const {
   Usage u;
   u.nodes = nodes_;
   u.leaves = leaves_;
-  u.evictable_leaves = leaf_lru_.size();
   u.snapshots = snapshot_nodes_;
-  u.pinned_nodes = pinned_.size();
+  {
+    absl::MutexLock lock(&pin_mu_);
+    u.pinned_nodes = pinned_.size();
+    uint64_t pinned_leaves = 0;
+    for (uint32_t id : pinned_) {
+      if (N(id).first_child == kNoNode) ++pinned_leaves;
+      u.pins += N(id).pins;
+    }
+    u.evictable_leaves = leaf_lru_.size() - pinned_leaves;
+  }
   for (uint32_t r = 0; r < ranks_; ++r) {
     u.free_page_rows.push_back(pages_.free_rows(r));
     u.allocated_page_rows.push_back(pages_.allocated_rows(r));
@@ -55,30 +64,18 @@ PrefixIndex::Usage PrefixIndex::GetUsage() const {
 std::vector<PrefixIndex::PrefixInfo> PrefixIndex::ListPrefixes(
     bool by_recent, size_t limit, uint64_t* total) const {
   if (total != nullptr) *total = leaves_;
-  // Pinned leaves are outside the leaf LRU.
-  std::vector<std::pair<uint64_t, uint32_t>> pinned_leaves;
-  for (uint32_t id : pinned_) {
-    if (N(id).first_child == kNoNode) pinned_leaves.push_back({N(id).tick, id});
-  }
   std::vector<uint32_t> chosen;
   if (by_recent) {
-    std::sort(pinned_leaves.rbegin(), pinned_leaves.rend());
-    auto a = leaf_lru_.rbegin();
-    auto b = pinned_leaves.begin();
-    while (chosen.size() < limit &&
-           (a != leaf_lru_.rend() || b != pinned_leaves.end())) {
-      if (b == pinned_leaves.end() || (a != leaf_lru_.rend() && *a > *b)) {
-        chosen.push_back((a++)->second);
-      } else {
-        chosen.push_back((b++)->second);
-      }
+    for (auto a = leaf_lru_.rbegin();
+         a != leaf_lru_.rend() && chosen.size() < limit; ++a) {
+      chosen.push_back(a->second);
     }
   } else {
     // Longest first (ties: most recent first): a bounded min-heap.
     using Entry = std::tuple<uint32_t, uint64_t, uint32_t>;
     std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> heap;
-    auto offer = [&](uint64_t tick, uint32_t id) {
-      if (limit == 0) return;
+    for (const auto& [tick, id] : leaf_lru_) {
+      if (limit == 0) break;
       Entry e{N(id).depth, tick, id};
       if (heap.size() < limit) {
         heap.push(e);
@@ -86,9 +83,7 @@ std::vector<PrefixIndex::PrefixInfo> PrefixIndex::ListPrefixes(
         heap.pop();
         heap.push(e);
       }
-    };
-    for (const auto& [tick, id] : leaf_lru_) offer(tick, id);
-    for (const auto& [tick, id] : pinned_leaves) offer(tick, id);
+    }
     while (!heap.empty()) {
       chosen.push_back(std::get<2>(heap.top()));
       heap.pop();
@@ -101,6 +96,7 @@ std::vector<PrefixIndex::PrefixInfo> PrefixIndex::ListPrefixes(
   std::vector<uint32_t> path;
   std::vector<PrefixInfo> out;
   out.reserve(chosen.size());
+  absl::MutexLock lock(&pin_mu_);  // Pin counts change under it.
   for (uint32_t leaf : chosen) {
     path.clear();
     std::pair<uint32_t, uint32_t> acc{0, 0};
@@ -162,8 +158,14 @@ void PrefixIndex::ForEachNode(
 }
 
 size_t PrefixIndex::MemoryBytes() const {
-  return sizeof(*this) + container_bytes_ + node_pool_.MemoryBytes() +
-         pages_.MemoryBytes() + snapshots_.MemoryBytes();
+  size_t pinned_bytes = 0;
+  {
+    absl::MutexLock lock(&pin_mu_);
+    pinned_bytes = pinned_bytes_;
+  }
+  return sizeof(*this) + container_bytes_ + pinned_bytes +
+         node_pool_.MemoryBytes() + pages_.MemoryBytes() +
+         snapshots_.MemoryBytes();
 }
 
 }  // namespace kvtier::daemon

@@ -4,14 +4,18 @@
 // segments are unlinked with mu_ released while its name is pending.
 //
 // Thread-safety: thread-safe (part of TierCore; lock order in tier_core.h).
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/error_reason.h"
 #include "daemon/tier_core.h"
 #include "daemon/tier_request.h"
+#include "shm/numa.h"
 #include "spdlog/spdlog.h"
 
 namespace kvtier::daemon {
@@ -19,7 +23,9 @@ namespace kvtier::daemon {
 absl::Status TierCore::Attach(const v1::AttachRequest& req,
                               v1::AttachResponse* resp) {
   if (absl::Status s = CheckApiVersion(req.api_version()); !s.ok()) return s;
-  absl::MutexLock lock(&mu_);
+  absl::StatusOr<int> numa_node = AttachNumaNode(req.pci_bus_id());
+  if (!numa_node.ok()) return numa_node.status();
+  absl::ReleasableMutexLock lock(&mu_);
   auto session = sessions_.find(req.session_id());
   if (session == sessions_.end()) {
     return SessionUnknownError(req.session_id());
@@ -50,7 +56,8 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
   }
   bool created = false;
   auto ns = CreateOrOpenLocked(req.namespace_(), req.layout(), req.capacity(),
-                               req.tenant_salt(), &created, &peer);
+                               req.tenant_salt(), &created, &peer,
+                               /*recovering=*/false, *numa_node);
   if (!ns.ok()) return ns.status();
   Namespace& n = **ns;
   // mu_ may have been released: the session may have closed meanwhile. The
@@ -73,9 +80,12 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
   }
   session->second.attached[n.id] = req.tp_rank();
   fence_->NoteHolder(req.session_id());
+  bool place = false;
   {
     absl::MutexLock ns_lock(&n.mu);
     n.sessions[req.session_id()] = n.StorageRank(req.tp_rank());
+    place = !n.numa_placed[n.StorageRank(req.tp_rank())];
+    n.numa_placed[n.StorageRank(req.tp_rank())] = true;
   }
   resp->set_namespace_id(n.id);
   resp->set_layout_fingerprint(
@@ -111,7 +121,49 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
   SPDLOG_INFO("session {} attached to '{}' rank {}{}",
               SessionTag(req.session_id()), n.name, req.tp_rank(),
               created ? " (created)" : "");
+  if (place && *numa_node >= 0) {
+    // The rank's first Attach: its banks go to its GPU's node. Moving pages
+    // can take a while, so without TierCore's lock (the namespace stays
+    // alive through `keep`; its segments are immutable).
+    const std::shared_ptr<Namespace> keep = *ns;
+    const uint32_t rank = keep->StorageRank(req.tp_rank());
+    lock.Release();
+    PlaceRankBanks(*keep, rank, *numa_node);
+  }
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> TierCore::AttachNumaNode(const std::string& pci_bus_id) {
+  if (options_.bank_numa_node != kBankNumaAuto) {
+    return std::max(options_.bank_numa_node, -1);
+  }
+  if (pci_bus_id.empty()) return -1;
+  absl::StatusOr<int> node =
+      shm::PciDeviceNumaNode(options_.segments.sysfs_root, pci_bus_id);
+  if (absl::IsInvalidArgument(node.status())) return node.status();
+  if (!node.ok()) {
+    // A container may hide the PCI tree: place nothing, say why once.
+    SPDLOG_WARN("pci_bus_id {}: {}; banks left to first-touch placement",
+                pci_bus_id, node.status().ToString());
+    return -1;
+  }
+  return *node;
+}
+
+void TierCore::PlaceRankBanks(const Namespace& ns, uint32_t rank, int node) {
+  for (const auto& seg : ns.segments[rank]) {
+    absl::StatusOr<int> now = seg->NumaNode();
+    if (now.ok() && *now == node) continue;
+    const absl::Time start = absl::Now();
+    if (absl::Status s = seg->MoveToNode(node); !s.ok()) {
+      SPDLOG_WARN("namespace '{}': bank '{}' rank {}: {}", ns.name,
+                  seg->header().bank, rank, s.ToString());
+      continue;
+    }
+    SPDLOG_INFO("namespace '{}': bank '{}' rank {} moved to NUMA node {} in {}",
+                ns.name, seg->header().bank, rank, node,
+                absl::FormatDuration(absl::Now() - start));
+  }
 }
 
 absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
@@ -162,6 +214,7 @@ absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
       PrefixIndex::Usage u = ns->index->GetUsage();
       resp->set_dropped_pages(u.nodes);
       resp->set_dropped_snapshots(u.snapshots);
+      absl::MutexLock leases(&ns->lease_mu);
       for (const auto& [id, l] : ns->leases) {
         devices_.Release(l.device_pool, l.device_lease);
       }
@@ -184,11 +237,11 @@ absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
         restart_fences_.fetch_sub(1);
       }
       ns->leases.clear();
+      ns->session_leases.clear();
       ns->reservations.clear();
       ns->use.clear();
       ns->reserved_page_rows = 0;
       ns->reserved_snapshot_rows = 0;
-      ++ns->evict_epoch;
       ns->index->Clear();
       // Removed below, without locks; requests still holding ns see no
       // journal from now on.
@@ -234,7 +287,6 @@ absl::Status TierCore::DropPrefix(Namespace& ns, const HashKey& key,
                                   v1::DropResponse* resp) {
   absl::MutexLock ns_lock(&ns.mu);
   ns.ApplyPendingTouches();
-  ++ns.evict_epoch;
   auto dropped = ns.index->DropSubtree(key);
   if (!dropped.ok()) return dropped.status();
   if (ns.journal != nullptr) {

@@ -139,7 +139,7 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
     (void)ns.index->FreeSnapshotRows(rank, r.snapshot_rows);
     ns.reserved_page_rows -= r.page_rows.size();
     ns.reserved_snapshot_rows -= r.snapshot_rows.size();
-    ns.Charge(r.session, -1, 0, -Namespace::Rows(r));
+    ns.Charge(r.session, -1, -Namespace::Rows(r));
     ns.reservations.erase(it);
     resp->set_committed_device_snapshots(device_placements.size());
     return absl::OkStatus();
@@ -172,7 +172,7 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
   ns.committed_snapshots += result->committed_snapshots;
   devices_.Commit(r.device_pool, device_placements, r.device_rows,
                   placed.device_placed);
-  ns.Charge(r.session, -1, 0, -Namespace::Rows(r));
+  ns.Charge(r.session, -1, -Namespace::Rows(r));
   ns.reservations.erase(it);
   resp->set_committed_device_snapshots(device_placements.size());
   if (!journaled.ok()) return journaled;
@@ -237,7 +237,6 @@ absl::Status TierCore::AdoptMirror(const v1::CommitRequest& req,
     sources.push_back(mirror_rows[k]);
   }
   ns.ApplyPendingTouches();  // Evictions must see every lookup's recency.
-  ++ns.evict_epoch;          // Allocation may evict.
   auto rows_or = ns.index->AllocatePageRows(rank, keys.size());
   if (!rows_or.ok()) return rows_or.status();
   std::vector<uint32_t> rows = *std::move(rows_or);

@@ -343,8 +343,8 @@ class TierCore {
   absl::StatusOr<std::shared_ptr<Namespace>> CreateOrOpenLocked(
       const std::string& name, const v1::Layout& layout,
       const v1::Capacity& capacity, const std::string& tenant_salt,
-      bool* created, const PeerInfo* creator = nullptr, bool recovering = false)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+      bool* created, const PeerInfo* creator = nullptr, bool recovering = false,
+      int numa_node = -1) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sizes and checks a namespace to create; nothing changes on error.
   absl::Status PlanNamespaceLocked(const std::string& name,
                                    const v1::Layout& layout,
@@ -376,6 +376,16 @@ class TierCore {
   // Gives back `bytes` of uid `uid`'s --uid_budget_bytes charge.
   void RefundLocked(uid_t uid, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // ---- NUMA placement (tier_attach.cc) ----
+  // The node an Attach naming `pci_bus_id` puts banks on under
+  // options_.bank_numa_node: -1 for none (also when sysfs does not know the
+  // device); INVALID_ARGUMENT for a malformed id.
+  absl::StatusOr<int> AttachNumaNode(const std::string& pci_bus_id);
+  // Moves stored rank `rank`'s banks to `node` (those not there already);
+  // failures are logged, never the Attach's.
+  void PlaceRankBanks(const Namespace& ns, uint32_t rank, int node)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Drop (tier_attach.cc) ----
   // Drop of the prefix subtree under `key`, under ns.mu only.

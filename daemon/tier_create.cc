@@ -121,7 +121,8 @@ absl::StatusOr<std::shared_ptr<TierCore::Namespace>>
 TierCore::CreateOrOpenLocked(const std::string& name, const v1::Layout& raw,
                              const v1::Capacity& capacity,
                              const std::string& tenant_salt, bool* created,
-                             const PeerInfo* creator, bool recovering) {
+                             const PeerInfo* creator, bool recovering,
+                             int numa_node) {
   *created = false;
   if (absl::Status s = ValidateNamespaceName(name); !s.ok()) return s;
   if (absl::Status s = ValidateLayout(raw); !s.ok()) return s;
@@ -168,6 +169,7 @@ TierCore::CreateOrOpenLocked(const std::string& name, const v1::Layout& raw,
     return s;
   }
   plan.recovering = recovering;
+  plan.segment_options.numa_node = numa_node;
   const std::shared_ptr<PendingName> pending =
       StartPendingLocked(name, /*creating=*/true);
   if (plan.charged) uid_bytes_[plan.creator_uid] += plan.bank_bytes;
@@ -378,6 +380,14 @@ absl::StatusOr<std::shared_ptr<TierCore::Namespace>> TierCore::BuildNamespace(
   // Unpublished: nobody else can reach ns->mu yet.
   absl::MutexLock lock(&ns->mu);
   ns->index = *std::move(index);
+  // A rank whose banks existed already (recovery, or files a daemon without
+  // a journal left) keeps its placement: engines may map them.
+  ns->numa_placed.assign(plan.stored_ranks, false);
+  for (uint32_t r = 0; r < plan.stored_ranks; ++r) {
+    for (const auto& seg : ns->segments[r]) {
+      if (!seg->created()) ns->numa_placed[r] = true;
+    }
+  }
   if (!options_.state_dir.empty() && !plan.recovering) {
     auto journal = NamespaceJournal::Create(
         JournalPath(options_.state_dir, name), ns->MakeJournalHeader(),
@@ -396,7 +406,10 @@ absl::Status TierCore::CreateNamespace(const std::string& name,
                                        const v1::Capacity& capacity) {
   absl::MutexLock lock(&mu_);
   bool created = false;
-  return CreateOrOpenLocked(name, layout, capacity, "", &created).status();
+  return CreateOrOpenLocked(name, layout, capacity, "", &created,
+                            /*creator=*/nullptr, /*recovering=*/false,
+                            std::max(options_.bank_numa_node, -1))
+      .status();
 }
 
 }  // namespace kvtier::daemon

@@ -25,7 +25,7 @@ uint64_t TierCore::HoldReservationLocked(Namespace& ns, uint64_t id,
   auto it = ns.reservations.find(id);
   if (it == ns.reservations.end()) return 0;
   Namespace::Reservation& r = it->second;
-  ns.Charge(r.session, -1, 0, -Namespace::Rows(r));
+  ns.Charge(r.session, -1, -Namespace::Rows(r));
   Namespace::FenceHold h;
   h.kind = kind;
   h.instance = instance;
@@ -48,9 +48,10 @@ uint64_t TierCore::HoldReservationLocked(Namespace& ns, uint64_t id,
 uint64_t TierCore::HoldLeaseLocked(Namespace& ns, uint64_t id,
                                    const InstanceKey& instance,
                                    const HolderKey& origin) {
+  absl::MutexLock leases(&ns.lease_mu);
   auto it = ns.leases.find(id);
   if (it == ns.leases.end()) return 0;
-  ns.Charge(it->second.session, 0, -1, 0);
+  ns.ChargeLease(it->second.session, -1);
   Namespace::FenceHold h;
   h.kind = Namespace::FenceHold::Kind::kSessionEnded;
   h.instance = instance;

@@ -35,7 +35,10 @@ void TierCore::FillNamespaceInfo(Namespace& ns, v1::NamespaceInfo* info) {
   info->set_evicted_pages(u.evicted_pages);
   info->set_evicted_snapshots(u.evicted_snapshots);
   info->set_max_replay_tokens(ns.max_replay_tokens);
-  info->set_leases(ns.leases.size());
+  {
+    absl::MutexLock leases(&ns.lease_mu);
+    info->set_leases(ns.leases.size());
+  }
   info->set_reservations(ns.reservations.size());
   {
     uint64_t pages = 0, snaps = 0;
@@ -70,7 +73,8 @@ void TierCore::FillNamespaceInfo(Namespace& ns, v1::NamespaceInfo* info) {
     }
   }
   for (uint32_t rank = 0; rank < ns.stored_ranks; ++rank) {
-    for (const auto& seg : ns.segment_info[rank]) {
+    for (size_t i = 0; i < ns.segment_info[rank].size(); ++i) {
+      const v1::Segment& seg = ns.segment_info[rank][i];
       v1::BankUsage* b = info->add_banks();
       const bool snap = seg.bank() == "snapshot";
       const uint64_t free_rows =
@@ -88,6 +92,8 @@ void TierCore::FillNamespaceInfo(Namespace& ns, v1::NamespaceInfo* info) {
       b->set_row_bytes(seg.row_bytes());
       b->set_path(seg.path());
       b->set_huge_pages(seg.huge_pages());
+      absl::StatusOr<int> node = ns.segments[rank][i]->NumaNode();
+      b->set_numa_node(node.ok() ? *node : -1);
     }
   }
 }
@@ -264,6 +270,19 @@ absl::Status TierCore::CheckInvariants(bool pace) {
           absl::StrCat("namespace '", ns->name, "': ", s.message()));
     }
     PrefixIndex::Usage u = ns->index->GetUsage();
+    // Every pin is a lease's, a fence hold's or the restart fence's.
+    uint64_t pins = 0;
+    {
+      absl::MutexLock leases(&ns->lease_mu);
+      pins += ns->leases.size();
+    }
+    for (const auto& [id, h] : ns->holds) pins += h.pin_node != kNoNode;
+    if (ns->restart_fence) pins += ns->restart_fence->pinned_nodes.size();
+    if (u.pins != pins) {
+      return absl::InternalError(
+          absl::StrCat("namespace '", ns->name, "': the index holds ", u.pins,
+                       " pins, leases and fences ", pins));
+    }
     for (uint32_t rank = 0; rank < ns->stored_ranks; ++rank) {
       uint64_t reserved_pages = 0, reserved_snaps = 0;
       for (const auto& [id, r] : ns->reservations) {
@@ -304,6 +323,7 @@ absl::Status TierCore::CheckInvariants(bool pace) {
                          " belongs to closed session ", r.session));
       }
     }
+    absl::MutexLock leases(&ns->lease_mu);
     for (const auto& [id, l] : ns->leases) {
       if (!live.contains(l.session)) {
         return absl::InternalError(

@@ -4,8 +4,9 @@
 // device pool named, the snapshot the host answer ends at is also looked
 // up in that pool's device tier (tier_device.h).
 //
-// Lookups of a namespace run concurrently under its lock held shared; only
-// a pin, or a full queue of recency updates, takes it exclusively.
+// Lookups of a namespace, pinned or not, and releases run concurrently under
+// its lock held shared; only a full queue of recency updates takes it
+// exclusively.
 //
 // Thread-safety: thread-safe (part of TierCore; lock order in tier_core.h).
 #include <optional>
@@ -79,14 +80,12 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
     }
     keys = padded;
   }
-  // The search runs under the shared lock, so concurrent lookups do not
-  // queue behind each other; only the recency update, the counters and the
-  // pin take the exclusive lock. A Reserve (the only evictor besides Drop)
-  // between the two bumps evict_epoch, and then the search is redone.
-  // An unpinned lookup takes only the shared lock: its recency update is
-  // queued (see Namespace::pending_touches).
+  // Lookups run under the shared lock, pinned or not, so they never queue
+  // behind each other: the search, the lease (the pin and the lease table
+  // have their own small locks, PrefixIndex::Pin and Namespace::lease_mu) and
+  // the recency update, which is queued (Namespace::pending_touches). Nothing
+  // can evict between the search and the pin: evictors hold mu exclusively.
   PrefixIndex::LookupResult r;
-  uint64_t epoch = 0;
   auto count = [&] {
     ns.lookups.fetch_add(1, std::memory_order_relaxed);
     ns.hit_pages.fetch_add(r.usable_pages, std::memory_order_relaxed);
@@ -96,22 +95,6 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
       ns.snapshot_hits.fetch_add(1, std::memory_order_relaxed);
     }
   };
-  bool flush = false;
-  {
-    absl::ReaderMutexLock shared(&ns.mu);
-    r = ns.index->Find(keys, rank);
-    epoch = ns.evict_epoch;
-    if (!pin) {
-      if (r.touch_node != kNoNode) {
-        const size_t depth =
-            (r.pin_node != kNoNode ? r.usable_pages : r.matched_pages) - 1;
-        absl::MutexLock touch(&ns.touch_mu);
-        ns.pending_touches.emplace_back(r.touch_node, keys[depth]);
-        flush = ns.pending_touches.size() >= Namespace::kMaxPendingTouches;
-      }
-      count();
-    }
-  }
   // The device tier serves the host's usable snapshot from HBM when it
   // holds the same one: the pages up to it are the host's (pinned by the
   // host lease), so the answer never outgrows what the host index vouches
@@ -125,63 +108,67 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
         DeviceTiers::Key(ns.id, rank, keys[r.usable_pages - 1], ns.hash_bytes);
     return devices_.Lookup(device_pool, key, pin_device);
   };
-  if (!pin) {
-    if (flush) {
-      absl::MutexLock lock(&ns.mu);
-      ns.ApplyPendingTouches();
+  if (pin) Hook("lookup:resolved");
+  out->lease_id = 0;
+  out->has_device_snapshot = false;
+  bool flush = false;
+  {
+    absl::ReaderMutexLock shared(&ns.mu);
+    // A session closed since Resolve must not be left a pin (closing takes
+    // mu exclusively, so it is either before this or after the lease).
+    if (pin && !ns.sessions.contains(session_id)) {
+      return absl::NotFoundError(
+          absl::StrCat("session_id: session ", session_id, " closed"));
     }
-    out->matched_pages = r.matched_pages;
-    out->usable_pages = r.usable_pages;
-    out->has_snapshot = r.has_snapshot;
-    out->snapshot_row = r.has_snapshot ? r.snapshot_row : 0;
-    out->lease_id = 0;
-    if (auto d = device_hit(false)) {
-      out->has_device_snapshot = true;
-      out->device_snapshot_row = d->row;
+    r = ns.index->Find(keys, rank);
+    if (pin && r.usable_pages > 0 && r.pin_node != kNoNode) {
+      absl::MutexLock leases(&ns.lease_mu);
+      if (options_.max_session_leases > 0) {
+        auto u = ns.session_leases.find(session_id);
+        if (u != ns.session_leases.end() &&
+            u->second >= options_.max_session_leases) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "pin: this session holds ", u->second, " leases in namespace '",
+              ns.name,
+              "', the most one session may (--max_session_leases); release "
+              "some"));
+        }
+      }
+      const uint64_t lease = next_id_.fetch_add(1);
+      ns.index->Pin(r.pin_node);
+      Namespace::Lease l{session_id, r.pin_node, r.usable_pages};
+      if (auto d = device_hit(true)) {
+        out->has_device_snapshot = true;
+        out->device_snapshot_row = d->row;
+        l.device_pool = static_cast<uint32_t>(device_pool);
+        l.device_lease = d->lease_id;
+      }
+      ns.leases[lease] = l;
+      ns.ChargeLease(session_id, 1);
+      out->lease_id = lease;
     }
-    out->rows = std::move(r.rows);
-    return absl::OkStatus();
+    if (r.touch_node != kNoNode) {
+      const size_t depth =
+          (r.pin_node != kNoNode ? r.usable_pages : r.matched_pages) - 1;
+      absl::MutexLock touch(&ns.touch_mu);
+      ns.pending_touches.emplace_back(r.touch_node, keys[depth]);
+      flush = ns.pending_touches.size() >= Namespace::kMaxPendingTouches;
+    }
+    count();
   }
-  Hook("lookup:resolved");
-  absl::MutexLock lock(&ns.mu);
-  // A session closed since Resolve must not be left a pin.
-  if (!ns.sessions.contains(session_id)) {
-    return absl::NotFoundError(
-        absl::StrCat("session_id: session ", session_id, " closed"));
+  if (flush) {
+    absl::MutexLock lock(&ns.mu);
+    ns.ApplyPendingTouches();
   }
-  ns.ApplyPendingTouches();
-  if (ns.evict_epoch != epoch) r = ns.index->Find(keys, rank);
-  ns.index->Touch(r.touch_node);
-  count();
   out->matched_pages = r.matched_pages;
   out->usable_pages = r.usable_pages;
   out->has_snapshot = r.has_snapshot;
   out->snapshot_row = r.has_snapshot ? r.snapshot_row : 0;
-  out->lease_id = 0;
-  if (pin && r.usable_pages > 0 && r.pin_node != kNoNode) {
-    if (options_.max_session_leases > 0) {
-      auto u = ns.use.find(session_id);
-      if (u != ns.use.end() &&
-          u->second.leases >= options_.max_session_leases) {
-        return absl::ResourceExhaustedError(absl::StrCat(
-            "pin: this session holds ", u->second.leases,
-            " leases in namespace '", ns.name,
-            "', the most one session may (--max_session_leases); release "
-            "some"));
-      }
-    }
-    const uint64_t lease = next_id_.fetch_add(1);
-    ns.index->Pin(r.pin_node);
-    Namespace::Lease l{session_id, r.pin_node, r.usable_pages};
-    if (auto d = device_hit(true)) {
+  if (!pin) {
+    if (auto d = device_hit(false)) {
       out->has_device_snapshot = true;
       out->device_snapshot_row = d->row;
-      l.device_pool = static_cast<uint32_t>(device_pool);
-      l.device_lease = d->lease_id;
     }
-    ns.leases[lease] = l;
-    ns.Charge(session_id, 0, 1, 0);
-    out->lease_id = lease;
   }
   out->rows = std::move(r.rows);
   return absl::OkStatus();
@@ -194,17 +181,23 @@ absl::Status TierCore::Release(const v1::ReleaseRequest& req,
       Resolve(req.api_version(), req.session_id(), req.namespace_id(), &rank);
   if (!ns_or.ok()) return ns_or.status();
   Namespace& ns = **ns_or;
-  absl::MutexLock lock(&ns.mu);
-  auto it = ns.leases.find(req.lease_id());
-  if (it == ns.leases.end() || it->second.session != req.session_id()) {
-    return absl::NotFoundError(
-        absl::StrCat("lease_id: no lease ", req.lease_id(),
-                     " of this session in namespace '", ns.name, "'"));
+  // Beside lookups, under the shared lock (see LookupHashes).
+  absl::ReaderMutexLock shared(&ns.mu);
+  Namespace::Lease l;
+  {
+    absl::MutexLock leases(&ns.lease_mu);
+    auto it = ns.leases.find(req.lease_id());
+    if (it == ns.leases.end() || it->second.session != req.session_id()) {
+      return absl::NotFoundError(
+          absl::StrCat("lease_id: no lease ", req.lease_id(),
+                       " of this session in namespace '", ns.name, "'"));
+    }
+    l = it->second;
+    ns.ChargeLease(l.session, -1);
+    ns.leases.erase(it);
   }
-  absl::Status s = ns.index->Unpin(it->second.node);
-  devices_.Release(it->second.device_pool, it->second.device_lease);
-  ns.Charge(it->second.session, 0, -1, 0);
-  ns.leases.erase(it);
+  absl::Status s = ns.index->Unpin(l.node);
+  devices_.Release(l.device_pool, l.device_lease);
   if (!s.ok()) return absl::InternalError(s.message());
   return absl::OkStatus();
 }

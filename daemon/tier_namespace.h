@@ -5,8 +5,9 @@
 // TierCore's declarations can name a namespace's lock in their annotations.
 //
 // Thread-safety: a namespace's fields are immutable after construction, or
-// guarded by its mu, as annotated; the lookup counters are atomic. Lock
-// order: TierCore::mu_, then one namespace's mu, then its touch_mu.
+// guarded by its mu (or lease_mu), as annotated; the lookup counters are
+// atomic. Lock order: TierCore::mu_, then one namespace's mu, then its
+// lease_mu, then its touch_mu.
 #ifndef KVTIER_DAEMON_TIER_NAMESPACE_H_
 #define KVTIER_DAEMON_TIER_NAMESPACE_H_
 
@@ -116,32 +117,46 @@ struct TierNamespace {
   // the request that made it is answered.
   std::unique_ptr<NamespaceJournal> journal ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<uint64_t, Reservation> reservations ABSL_GUARDED_BY(mu);
-  absl::flat_hash_map<uint64_t, Lease> leases ABSL_GUARDED_BY(mu);
+  // Leases are taken (a pinned lookup) and ended (Release) under mu held
+  // shared, beside other lookups, so they have a lock of their own; code
+  // holding mu exclusively takes lease_mu too. Lock order: mu, lease_mu.
+  absl::Mutex lease_mu ABSL_ACQUIRED_AFTER(mu);
+  absl::flat_hash_map<uint64_t, Lease> leases ABSL_GUARDED_BY(lease_mu);
+  // Leases per session, for TierOptions::max_session_leases (no entry: 0).
+  absl::flat_hash_map<uint64_t, int64_t> session_leases
+      ABSL_GUARDED_BY(lease_mu);
+  void ChargeLease(uint64_t session, int64_t leases)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(lease_mu) {
+    if ((session_leases[session] += leases) <= 0) {
+      session_leases.erase(session);
+    }
+  }
   // Attached sessions -> their (storage) rank.
   absl::flat_hash_map<uint64_t, uint32_t> sessions ABSL_GUARDED_BY(mu);
   absl::flat_hash_map<uint64_t, FenceHold> holds ABSL_GUARDED_BY(mu);
   // What each session holds here, for the per-session caps
   // (TierOptions::max_session_*).
+  // (Leases are counted in session_leases.)
   struct SessionUse {
     int64_t reservations = 0;
-    int64_t leases = 0;
     int64_t reserved_rows = 0;  // Page and snapshot rows of reservations.
   };
   absl::flat_hash_map<uint64_t, SessionUse> use ABSL_GUARDED_BY(mu);
-  void Charge(uint64_t session, int64_t reservations, int64_t leases,
-              int64_t rows) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+  void Charge(uint64_t session, int64_t reservations, int64_t rows)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
     SessionUse& u = use[session];
     u.reservations += reservations;
-    u.leases += leases;
     u.reserved_rows += rows;
-    if (u.reservations <= 0 && u.leases <= 0 && u.reserved_rows <= 0) {
-      use.erase(session);
-    }
+    if (u.reservations <= 0 && u.reserved_rows <= 0) use.erase(session);
   }
   static int64_t Rows(const Reservation& r) {
     return static_cast<int64_t>(r.page_rows.size() + r.snapshot_rows.size());
   }
   std::optional<RestartFence> restart_fence ABSL_GUARDED_BY(mu);
+  // Per stored rank: whether its banks' NUMA placement is settled (an
+  // Attach of the rank came, or the files existed before this daemon
+  // made them); see TierOptions::bank_numa_node.
+  std::vector<bool> numa_placed ABSL_GUARDED_BY(mu);
   uint64_t reserved_page_rows ABSL_GUARDED_BY(mu) = 0;
   uint64_t reserved_snapshot_rows ABSL_GUARDED_BY(mu) = 0;
   // Lookup counters: unpinned lookups run under the shared lock only.
@@ -149,10 +164,7 @@ struct TierNamespace {
   std::atomic<uint64_t> hit_pages{0};
   std::atomic<uint64_t> miss_pages{0};
   std::atomic<uint64_t> snapshot_hits{0};
-  // Bumped by every operation that may evict or remove nodes (Reserve,
-  // Drop), so a lookup can tell whether its shared-lock search is stale.
-  uint64_t evict_epoch ABSL_GUARDED_BY(mu) = 0;
-  // Recency updates of unpinned lookups, applied (in order) under the
+  // Recency updates of lookups, applied (in order) under the
   // exclusive lock before anything that evicts or orders by recency, so LRU
   // decisions see every lookup without lookups taking the exclusive lock.
   // Lock order: mu, then touch_mu.

@@ -22,9 +22,22 @@ namespace kvtier::daemon {
 inline constexpr uint32_t kApiVersion = 1;
 inline constexpr uint32_t kMaxLookupPages = 1u << 20;
 inline constexpr uint32_t kMaxReservePages = 1u << 20;
+// TierOptions::bank_numa_node's modes besides a node number.
+inline constexpr int kBankNumaAuto = -2;
+inline constexpr int kBankNumaNone = -1;
 
 struct TierOptions {
+  // (segments.numa_node is ignored: bank_numa_node decides; sysfs_root is
+  // where GPUs' nodes are read.)
   shm::SegmentOptions segments;
+  // NUMA placement of banks (shm/numa.h). kBankNumaAuto: a stored rank's
+  // banks go to the node of the GPU named by the first Attach of that rank
+  // (AttachRequest.pci_bus_id, node from sysfs): bound before population
+  // when that Attach creates the namespace, moved there otherwise (pages
+  // only the daemon maps yet). One copy shared by GPUs of several nodes
+  // (a replicated layout, DP replicas) stays where its first user put it.
+  // kBankNumaNone: first touch. A node number: every bank bound to it.
+  int bank_numa_node = kBankNumaAuto;
   // Segment files are named "<segment_prefix>.<namespace>.<bank>.r<rank>".
   std::string segment_prefix = "kvtier";
   // Bank bytes of a namespace whose Attach gives no capacity.

@@ -76,7 +76,6 @@ absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
         options_.max_session_reserved_rows, " (--max_session_reserved_rows)"));
   }
   ns.ApplyPendingTouches();  // Evictions must see every lookup's recency.
-  ++ns.evict_epoch;          // Allocation may evict.
   // All or nothing, and refused before anything is evicted.
   auto allocated = ns.index->AllocateRows(rank, req.pages(), req.snapshots());
   if (!allocated.ok()) return ExplainFenceLocked(ns, allocated.status());
@@ -109,7 +108,7 @@ absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
   ns.reserved_snapshot_rows += snaps.size();
   resp->mutable_device_snapshot_rows()->Assign(device_rows.begin(),
                                                device_rows.end());
-  ns.Charge(req.session_id(), 1, 0,
+  ns.Charge(req.session_id(), 1,
             static_cast<int64_t>(pages.size() + snaps.size()));
   ns.reservations[id] =
       Namespace::Reservation{req.session_id(),  rank,
@@ -152,7 +151,7 @@ absl::Status TierCore::Abort(const v1::AbortRequest& req,
   devices_.Abort(r.device_pool, r.device_rows);
   ns.reserved_page_rows -= r.page_rows.size();
   ns.reserved_snapshot_rows -= r.snapshot_rows.size();
-  ns.Charge(r.session, -1, 0, -Namespace::Rows(r));
+  ns.Charge(r.session, -1, -Namespace::Rows(r));
   ns.reservations.erase(it);
   if (!s1.ok()) return absl::InternalError(s1.message());
   if (!s2.ok()) return absl::InternalError(s2.message());

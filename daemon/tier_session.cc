@@ -73,8 +73,11 @@ void TierCore::CloseSession(uint64_t session_id) {
       for (const auto& [id, r] : ns->reservations) {
         if (r.session == session_id) res.push_back(id);
       }
-      for (const auto& [id, l] : ns->leases) {
-        if (l.session == session_id) leases.push_back(id);
+      {
+        absl::MutexLock lease_lock(&ns->lease_mu);
+        for (const auto& [id, l] : ns->leases) {
+          if (l.session == session_id) leases.push_back(id);
+        }
       }
       for (uint64_t id : res) {
         HoldReservationLocked(*ns, id,
@@ -98,13 +101,17 @@ void TierCore::CloseSession(uint64_t session_id) {
       ns->reservations.erase(cur);
       ++aborted;
     }
-    for (auto it = ns->leases.begin(); it != ns->leases.end();) {
-      auto cur = it++;
-      if (cur->second.session != session_id) continue;
-      (void)ns->index->Unpin(cur->second.node);
-      devices_.Release(cur->second.device_pool, cur->second.device_lease);
-      ns->leases.erase(cur);
-      ++released;
+    {
+      absl::MutexLock lease_lock(&ns->lease_mu);
+      for (auto it = ns->leases.begin(); it != ns->leases.end();) {
+        auto cur = it++;
+        if (cur->second.session != session_id) continue;
+        (void)ns->index->Unpin(cur->second.node);
+        devices_.Release(cur->second.device_pool, cur->second.device_lease);
+        ns->leases.erase(cur);
+        ++released;
+      }
+      ns->session_leases.erase(session_id);
     }
     ns->use.erase(session_id);
     ns->sessions.erase(session_id);

@@ -28,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "shm/bank_header.h"
 #include "shm/hugepages.h"
+#include "shm/numa.h"
 #include "shm/segment_internal.h"
 #include "shm/trusted_path.h"
 
@@ -193,6 +194,12 @@ Segment& Segment::operator=(Segment&& other) noexcept {
 
 Segment::~Segment() {
   if (base_ != nullptr) munmap(base_, map_bytes_);
+}
+
+absl::StatusOr<int> Segment::NumaNode() const { return BoundNode(base_); }
+
+absl::Status Segment::MoveToNode(int node) const {
+  return BindToNode(base_, map_bytes_, node, /*move=*/true);
 }
 
 uint8_t* Segment::row(uint64_t i) const {

@@ -81,6 +81,12 @@ struct SegmentOptions {
   bool populate = true;
   mode_t mode = 0660;  // permission bits only; must include 0600
   gid_t group = static_cast<gid_t>(-1);  // -1: leave the group alone
+  // NUMA node the memory is bound to (MPOL_BIND, set before any page is
+  // allocated, shm/numa.h); -1: none, pages come from wherever the
+  // populating thread runs. On hugetlbfs the node's own free pages must
+  // suffice (checked under sysfs_root before creating).
+  int numa_node = -1;
+  std::string sysfs_root = "/sys";  // absolute; tests point it elsewhere
 };
 
 // The private name (in the target directory) a creator builds segment
@@ -189,6 +195,13 @@ class Segment {
   // The file's inode number, to tell it from a file put under its name
   // later.
   ino_t inode() const { return inode_; }
+  // The NUMA node the file's memory policy binds it to, -1 when none, as
+  // the kernel reports it now (get_mempolicy on the mapping).
+  absl::StatusOr<int> NumaNode() const;
+  // Binds the file's memory to `node` and moves the pages it has there
+  // (those no other process maps; shm/numa.h BindToNode). For a bank whose
+  // user turned out to sit on another node than the one it was created on.
+  absl::Status MoveToNode(int node) const;
 
  private:
   Segment() = default;

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -27,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "shm/bank_header.h"
 #include "shm/hugepages.h"
+#include "shm/numa.h"
 #include "shm/segment.h"
 #include "shm/segment_internal.h"
 
@@ -50,6 +52,26 @@ uint64_t UnixNanos() {
 
 // Makes temporary names unique among this process's threads.
 std::atomic<uint64_t> temp_counter{0};
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14.
+#endif
+
+// Faults in every page of a fresh mapping for writing: MADV_POPULATE_WRITE,
+// or on older kernels one write per page (the file is zero, and so is what
+// is written).
+absl::Status PopulateWrite(void* addr, uint64_t bytes, bool huge_pages) {
+  if (madvise(addr, bytes, MADV_POPULATE_WRITE) == 0) return absl::OkStatus();
+  if (errno != EINVAL) {
+    return absl::ErrnoToStatus(
+        errno,
+        absl::StrCat("populate ", bytes, " bytes (MADV_POPULATE_WRITE)"));
+  }
+  const uint64_t step = huge_pages ? kHugePageBytes : 4096;
+  auto* p = static_cast<volatile uint8_t*>(addr);
+  for (uint64_t off = 0; off < bytes; off += step) p[off] = 0;
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -129,29 +151,48 @@ absl::StatusOr<Segment> SegmentCreator::CreateIn(
         errno,
         absl::StrCat("ftruncate '", temp_path, "' to ", file_bytes, " bytes"));
   }
-  if (options.populate) {
-    // Allocates every page now (on hugetlbfs: takes them from the pool), so
-    // lack of memory is an error here rather than a SIGBUS in an engine.
-    int rc;
-    do {
-      rc = fallocate(fd.get(), 0, 0, static_cast<off_t>(file_bytes));
-    } while (rc != 0 && errno == EINTR);
-    if (rc != 0 && errno != EOPNOTSUPP && errno != ENOSYS) {
-      return absl::ErrnoToStatus(
-          errno, absl::StrCat("fallocate ", file_bytes, " bytes for '",
-                              temp_path, "'"));
-    }
-    // EOPNOTSUPP: MAP_POPULATE below faults the pages in instead.
-  }
-  void* addr =
-      mmap(nullptr, file_bytes, PROT_READ | PROT_WRITE,
-           MAP_SHARED | (options.populate ? MAP_POPULATE : 0), fd.get(), 0);
+  // Mapped before anything is allocated, so that a NUMA binding is in place
+  // for every page fallocate and population allocate.
+  void* addr = mmap(nullptr, file_bytes, PROT_READ | PROT_WRITE, MAP_SHARED,
+                    fd.get(), 0);
   if (addr == MAP_FAILED) {
     return absl::ErrnoToStatus(
         errno,
         absl::StrCat("mmap ", file_bytes, " bytes of '", temp_path, "'"));
   }
   UniqueMapping mapping(addr, file_bytes);
+  if (options.numa_node >= 0) {
+    if (absl::Status st = BindToNode(addr, file_bytes, options.numa_node,
+                                     /*move=*/false);
+        !st.ok()) {
+      return absl::Status(st.code(),
+                          absl::StrCat("'", temp_path, "': ", st.message()));
+    }
+  }
+  if (options.populate) {
+    // Allocates every page now (on hugetlbfs: takes them from the pool, of
+    // the bound node), so lack of memory is an error here rather than a
+    // SIGBUS in an engine.
+    int rc;
+    do {
+      rc = fallocate(fd.get(), 0, 0, static_cast<off_t>(file_bytes));
+    } while (rc != 0 && errno == EINTR);
+    if (rc != 0 && errno != EOPNOTSUPP && errno != ENOSYS) {
+      return absl::ErrnoToStatus(
+          errno,
+          absl::StrCat("fallocate ", file_bytes, " bytes for '", temp_path, "'",
+                       options.numa_node >= 0
+                           ? absl::StrCat(" on NUMA node ", options.numa_node)
+                           : ""));
+    }
+    // Faults every page into this mapping (and, where fallocate was not
+    // supported, allocates it).
+    if (absl::Status st = PopulateWrite(addr, file_bytes, huge_pages);
+        !st.ok()) {
+      return absl::Status(st.code(),
+                          absl::StrCat("'", temp_path, "': ", st.message()));
+    }
+  }
 
   // The file is zero-filled; value-initialisation writes state=initialising.
   auto* header = ::new (mapping.get()) BankHeader{};
@@ -229,7 +270,18 @@ absl::StatusOr<Segment> Segment::Create(const SegmentSpec& spec,
           FileBytes(spec.rows, RowStride(spec.row_bytes), true) /
           kHugePageBytes;
       absl::Status huge_status;
-      if (info->free_pages >= need_pages) {
+      // Bound to a node, the pages must come from that node's pool.
+      uint64_t free_pages = info->free_pages;
+      std::string where = absl::StrCat("'", info->mount, "' (of ",
+                                       info->total_pages, " in the pool)");
+      if (options.numa_node >= 0) {
+        absl::StatusOr<uint64_t> node_free =
+            NodeFreeHugePages(options.sysfs_root, options.numa_node);
+        free_pages = node_free.ok() ? std::min(free_pages, *node_free) : 0;
+        where = absl::StrCat("NUMA node ", options.numa_node, " for '",
+                             info->mount, "'");
+      }
+      if (free_pages >= need_pages) {
         absl::StatusOr<Segment> segment =
             SegmentCreator::CreateIn(info->mount, true, spec, options);
         if (segment.ok()) return segment;
@@ -237,8 +289,7 @@ absl::StatusOr<Segment> Segment::Create(const SegmentSpec& spec,
       } else {
         huge_status = absl::ResourceExhaustedError(absl::StrCat(
             "'", spec.file_name, "' needs ", need_pages, " free 2 MiB pages; ",
-            info->free_pages, " available for '", info->mount, "' (of ",
-            info->total_pages, " in the pool)"));
+            free_pages, " available on ", where));
       }
       // A racing creator may have taken the pages and the name.
       if (absl::StatusOr<std::string> raced = Find(spec.file_name, options);

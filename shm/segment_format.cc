@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "shm/bank_header.h"
+#include "shm/numa.h"
 #include "shm/segment.h"
 #include "shm/segment_internal.h"
 
@@ -40,6 +41,15 @@ absl::Status ValidateOptions(const SegmentOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("hugetlbfs_dir ", Quote(options.hugetlbfs_dir),
                      " must be empty or an absolute path"));
+  }
+  if (options.numa_node < -1 || options.numa_node > kMaxNumaNode) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("numa_node ", options.numa_node,
+                     " must be -1 (none) or 0..", kMaxNumaNode));
+  }
+  if (options.sysfs_root.empty() || options.sysfs_root.front() != '/') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sysfs_root ", Quote(options.sysfs_root), " must be an absolute path"));
   }
   if ((options.mode & ~static_cast<mode_t>(0777)) != 0 ||
       (options.mode & 0600) != 0600) {

@@ -109,6 +109,38 @@ absl::StatusOr<uint64_t> NodeFreeHugePages(const std::string& sysfs_root,
   return pages;
 }
 
+absl::StatusOr<uint64_t> NodeAvailableBytes(const std::string& sysfs_root,
+                                            int node) {
+  const std::string path =
+      absl::StrCat(sysfs_root, "/devices/system/node/node", node, "/meminfo");
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read '", path, "'"));
+  // Lines look like "Node 0 MemFree:         6466224 kB".
+  uint64_t kb = 0;
+  int found = 0;
+  for (std::string line; std::getline(in, line);) {
+    std::vector<absl::string_view> f =
+        absl::StrSplit(line, ' ', absl::SkipEmpty());
+    if (f.size() != 5 || f[4] != "kB") continue;
+    if (f[2] != "MemFree:" && f[2] != "Active(file):" &&
+        f[2] != "Inactive(file):") {
+      continue;
+    }
+    uint64_t v = 0;
+    if (!absl::SimpleAtoi(f[3], &v)) {
+      return absl::InternalError(
+          absl::StrCat("'", path, "': cannot parse '", line, "'"));
+    }
+    kb += v;
+    ++found;
+  }
+  if (found != 3) {
+    return absl::InternalError(absl::StrCat(
+        "'", path, "' lacks MemFree, Active(file) or Inactive(file)"));
+  }
+  return kb * 1024;
+}
+
 absl::Status BindToNode(void* addr, size_t bytes, int node, bool move) {
   if (node < 0 || node > kMaxNumaNode) {
     return absl::InvalidArgumentError(

@@ -43,6 +43,13 @@ absl::StatusOr<int> PciDeviceNumaNode(const std::string& sysfs_root,
 absl::StatusOr<uint64_t> NodeFreeHugePages(const std::string& sysfs_root,
                                            int node);
 
+// Returns the bytes `node` could give a new bank without the kernel's OOM
+// handling: MemFree plus the file cache it can drop (Active(file) +
+// Inactive(file)) from <sysfs_root>/devices/system/node/node<N>/meminfo.
+// NOT_FOUND when the file is absent, INTERNAL when it does not parse.
+absl::StatusOr<uint64_t> NodeAvailableBytes(const std::string& sysfs_root,
+                                            int node);
+
 // Binds [addr, addr + bytes) to `node` (MPOL_BIND). With `move`, pages
 // already there move to the node (MPOL_MF_MOVE: only pages no other process
 // maps). INVALID_ARGUMENT for a node out of range or one the kernel does not

@@ -88,6 +88,22 @@ TEST(NumaTest, NodeHugePagesComeFromSysfs) {
             absl::StatusCode::kNotFound);
 }
 
+TEST(NumaTest, NodeMemoryComesFromSysfs) {
+  FakeSysfs sys;
+  sys.Write("devices/system/node/node0/meminfo",
+            "Node 0 MemTotal:        7300856 kB\n"
+            "Node 0 MemFree:            1000 kB\n"
+            "Node 0 Active(anon):       1548 kB\n"
+            "Node 0 Active(file):        200 kB\n"
+            "Node 0 Inactive(file):       24 kB\n");
+  EXPECT_EQ(*NodeAvailableBytes(sys.root(), 0), 1224u * 1024);
+  EXPECT_EQ(NodeAvailableBytes(sys.root(), 1).status().code(),
+            absl::StatusCode::kNotFound);
+  sys.Write("devices/system/node/node2/meminfo", "Node 2 MemFree: x kB\n");
+  EXPECT_EQ(NodeAvailableBytes(sys.root(), 2).status().code(),
+            absl::StatusCode::kInternal);
+}
+
 TEST(NumaTest, BindingShowsInThePolicy) {
   const size_t bytes = 1 << 20;
   void* a = mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
@@ -165,6 +181,22 @@ TEST_F(NumaSegmentTest, AnAbsentNodeIsAClearErrorAndLeavesNoFile) {
   options_.sysfs_root = "relative";
   EXPECT_EQ(Segment::Create(spec_, options_).status().code(),
             absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(std::filesystem::is_empty(dir_));
+}
+
+// A bank bound to a node without room for it is refused before anything is
+// allocated (never the kernel's OOM handling at population).
+TEST_F(NumaSegmentTest, ANodeWithoutRoomIsRefused) {
+  FakeSysfs sys;
+  sys.Write("devices/system/node/node0/meminfo",
+            "Node 0 MemFree:             100 kB\n"
+            "Node 0 Active(file):          0 kB\n"
+            "Node 0 Inactive(file):        0 kB\n");
+  options_.numa_node = 0;
+  options_.sysfs_root = sys.root();
+  auto seg = Segment::Create(spec_, options_);
+  EXPECT_EQ(seg.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(seg.status().message(), HasSubstr("NUMA node 0"));
   EXPECT_TRUE(std::filesystem::is_empty(dir_));
 }
 

@@ -302,6 +302,20 @@ absl::StatusOr<Segment> Segment::Create(const SegmentSpec& spec,
       }
     }
   }
+  if (options.numa_node >= 0 && options.populate) {
+    // Bound to a node that cannot hold it, population would end in the
+    // kernel's OOM handling (the daemon a likely victim): refuse it here.
+    const uint64_t need =
+        FileBytes(spec.rows, RowStride(spec.row_bytes), false);
+    absl::StatusOr<uint64_t> avail =
+        NodeAvailableBytes(options.sysfs_root, options.numa_node);
+    if (avail.ok() && *avail < need) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "'", spec.file_name, "' needs ", need, " bytes on NUMA node ",
+          options.numa_node, ", which has ", *avail,
+          " free or reclaimable (--bank_numa_node=none lifts the binding)"));
+    }
+  }
   return SegmentCreator::CreateIn(options.shm_dir, false, spec, options);
 }
 

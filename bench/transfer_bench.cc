@@ -29,6 +29,15 @@
 //                   per snapshot; --snapshots (8) random slots <-> rows per
 //                   transfer. kvtier moves them with SaveSnapshot /
 //                   RestoreSnapshot, one call per snapshot.
+//   f  block_first_2m  a's shapes in vLLM's block-first pool (BLNHC /
+//                   BLHNC): page i of every layer back to back, so a page
+//                   is one contiguous 2 MiB run over all layers.
+//   f256k block_first_256k  d's shapes (64 x 4 KiB) block-first: a page is
+//                   one contiguous 256 KiB run.
+//   g  layer_first_buffer  a's shapes in vLLM's layer-first single buffer:
+//                   one allocation, layer t's [pages][32 KiB] array at t x a
+//                   fixed stride, a page's chunks that stride apart.
+// f, f256k and g are not in the default --layouts; name them.
 // Prefixes (--prefixes, tokens): 1k, 8k and 32k; pages = tokens / page size.
 //
 // Methods, all on one non-blocking stream, timed with CUDA events around the

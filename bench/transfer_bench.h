@@ -114,10 +114,23 @@ struct BankDef {
   std::vector<uint64_t> tensor_bytes;  // one page of each tensor, row order
 };
 
+// How a layout's pages sit in the GPU pool.
+enum class GpuPlacement {
+  // One [pages][bytes] array per tensor, each its own region (a-e).
+  kTensorMajor,
+  // vLLM's block-first pools (BLNHC / BLHNC): page i of every tensor back to
+  // back, so a page is one contiguous run over all layers (f).
+  kBlockFirst,
+  // vLLM's layer-first single buffer: one backing allocation, tensor t's
+  // array at t x a fixed layer stride, a page's chunks that far apart (g).
+  kLayerFirstBuffer,
+};
+
 struct LayoutDef {
-  std::string key;   // "a".."e"
+  std::string key;   // "a".."g"
   std::string name;  // short, for tables
   std::string description;
+  GpuPlacement placement = GpuPlacement::kTensorMajor;
   uint32_t tokens_per_page = 0;          // 0 for the snapshot layout
   std::vector<BankDef> banks;            // page banks (empty for snapshots)
   std::vector<uint64_t> snapshot_bytes;  // snapshot segments
@@ -126,7 +139,7 @@ struct LayoutDef {
   bool snapshot() const { return !snapshot_bytes.empty(); }
 };
 
-// Layouts a-e (see transfer_bench.cc's comment).
+// Layouts a-g (see transfer_bench.cc's comment).
 std::vector<LayoutDef> AllLayouts();
 
 // One tensor (or snapshot segment) of a bound layout: where page (or slot)

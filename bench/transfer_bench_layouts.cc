@@ -1,7 +1,8 @@
-// transfer_bench's layouts (a-e, described in transfer_bench.cc) and Bind,
-// which places one on the GPU pool (tensor-major tensors, as engines keep
-// them) and the host arena (page-first banks, as the daemon keeps them),
-// filling in the pool descriptor and host bank views TransferEngine takes.
+// transfer_bench's layouts (a-g, described in transfer_bench.cc) and Bind,
+// which places one on the GPU pool (tensor-major tensors, block-first pages
+// or one layer-first buffer, as engines keep them) and the host arena
+// (page-first banks, as the daemon keeps them), filling in the pool descriptor
+// and host bank views TransferEngine takes.
 //
 // Thread-safety: stateless functions, safe from any thread.
 
@@ -92,6 +93,45 @@ std::vector<LayoutDef> AllLayouts() {
     l.side_chunk_bytes = 8192 * 3 * 2;
     out.push_back(l);
   }
+  {
+    LayoutDef l;
+    l.key = "f";
+    l.name = "block_first_2m";
+    l.description =
+        "vLLM block-first: a's shapes (64 x 32 KiB), a page one contiguous "
+        "2 MiB run over all layers";
+    l.placement = GpuPlacement::kBlockFirst;
+    l.tokens_per_page = 16;
+    l.banks = {kv_bank(32 * kKiB)};
+    l.chunk_bytes = 32 * kKiB;
+    out.push_back(l);
+  }
+  {
+    LayoutDef l;
+    l.key = "f256k";
+    l.name = "block_first_256k";
+    l.description =
+        "vLLM block-first: d's shapes (64 x 4 KiB), a page one contiguous "
+        "256 KiB run over all layers";
+    l.placement = GpuPlacement::kBlockFirst;
+    l.tokens_per_page = 16;
+    l.banks = {kv_bank(4 * kKiB)};
+    l.chunk_bytes = 4 * kKiB;
+    out.push_back(l);
+  }
+  {
+    LayoutDef l;
+    l.key = "g";
+    l.name = "layer_first_buffer";
+    l.description =
+        "vLLM layer-first single buffer: a's shapes (64 x 32 KiB), one "
+        "allocation, a page's chunks a fixed layer stride apart";
+    l.placement = GpuPlacement::kLayerFirstBuffer;
+    l.tokens_per_page = 16;
+    l.banks = {kv_bank(32 * kKiB)};
+    l.chunk_bytes = 32 * kKiB;
+    out.push_back(l);
+  }
   return out;
 }
 
@@ -122,16 +162,49 @@ absl::StatusOr<Bound> Bind(const LayoutDef& def, uint64_t pool,
     return absl::InvalidArgumentError(
         absl::StrCat("layout ", def.key, ": the pool is too small"));
   }
-  uint64_t items = (pool_bytes - reserve) / per_item;
+  // Block-first pages keep 256-byte alignment from one to the next.
+  const uint64_t page_stride = def.placement == GpuPlacement::kBlockFirst
+                                   ? RoundUp(per_item, 256)
+                                   : per_item;
+  uint64_t items = (pool_bytes - reserve) / page_stride;
   if (def.snapshot()) items = std::min<uint64_t>(items, 4096);
   items = std::min<uint64_t>(items, 0xffffffffu);
   b.gpu_items = items;
 
   uint64_t gpu_off = 0;
-  std::vector<uint64_t> gpu_base(sizes.size());
-  for (size_t i = 0; i < sizes.size(); ++i) {
-    gpu_base[i] = pool + gpu_off;
-    gpu_off = RoundUp(gpu_off + RoundUp(sizes[i], 16) * items, 256);
+  std::vector<uint64_t> gpu_base(sizes.size()), gpu_stride(sizes.size());
+  switch (def.placement) {
+    case GpuPlacement::kTensorMajor:
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        gpu_base[i] = pool + gpu_off;
+        gpu_stride[i] = RoundUp(sizes[i], 16);
+        gpu_off = RoundUp(gpu_off + gpu_stride[i] * items, 256);
+      }
+      break;
+    case GpuPlacement::kBlockFirst: {
+      uint64_t in_page = 0;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        gpu_base[i] = pool + in_page;
+        gpu_stride[i] = page_stride;
+        in_page += RoundUp(sizes[i], 16);
+      }
+      gpu_off = page_stride * items;
+      break;
+    }
+    case GpuPlacement::kLayerFirstBuffer: {
+      // One stride for every layer: the largest tensor's array.
+      uint64_t layer_stride = 0;
+      for (uint64_t s : sizes) {
+        layer_stride = std::max(layer_stride, RoundUp(s, 16) * items);
+      }
+      layer_stride = RoundUp(layer_stride, 256);
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        gpu_base[i] = pool + i * layer_stride;
+        gpu_stride[i] = RoundUp(sizes[i], 16);
+      }
+      gpu_off = layer_stride * sizes.size();
+      break;
+    }
   }
   uint64_t host_off = 0;
   auto place_host = [&](uint64_t row_bytes, uint64_t n) {
@@ -146,10 +219,10 @@ absl::StatusOr<Bound> Bind(const LayoutDef& def, uint64_t pool,
     const uint64_t start = place_host(row_bytes, rows);
     uint64_t in_row = 0;
     for (size_t i = 0; i < sizes.size(); ++i) {
-      b.tensors.push_back(Tensor{gpu_base[i], RoundUp(sizes[i], 16),
+      b.tensors.push_back(Tensor{gpu_base[i], gpu_stride[i],
                                  arena_dev + start + in_row, stride, sizes[i]});
       b.pool.snapshot.push_back(
-          PoolTensor{gpu_base[i], RoundUp(sizes[i], 16), sizes[i]});
+          PoolTensor{gpu_base[i], gpu_stride[i], sizes[i]});
       in_row += sizes[i];
     }
     b.pool.num_snapshot_slots = items;
@@ -174,9 +247,9 @@ absl::StatusOr<Bound> Bind(const LayoutDef& def, uint64_t pool,
       BankPool bp{bank.name, {}};
       uint64_t in_row = 0;
       for (uint64_t t : bank.tensor_bytes) {
-        b.tensors.push_back(Tensor{gpu_base[ti], RoundUp(t, 16),
+        b.tensors.push_back(Tensor{gpu_base[ti], gpu_stride[ti],
                                    arena_dev + start + in_row, stride, t});
-        bp.tensors.push_back(PoolTensor{gpu_base[ti], RoundUp(t, 16), t});
+        bp.tensors.push_back(PoolTensor{gpu_base[ti], gpu_stride[ti], t});
         in_row += t;
         ++ti;
       }

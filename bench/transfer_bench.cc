@@ -59,7 +59,11 @@
 //                 CTAs, which hold their SMs only for a short burst per
 //                 slice. --kvtier_variants adds staged runs with other
 //                 engine options (name:key=value;...; keys staging_mib,
-//                 staging_ctas), reported as method "kvtier[name]".
+//                 staging_ctas, path=auto|staged|direct|copy_engine),
+//                 reported as method "kvtier[name]". path=auto is what an
+//                 engine gets by default: the copy-engine path (no kernel,
+//                 one copy per contiguous run) on block-first pools whose
+//                 pages are runs of >= 256 KiB, else staged.
 //   kvtier_direct the engine's direct path (TransferOptions::path kDirect,
 //                 the one CUDA graph capture uses): the copy kernel reads and
 //                 writes host rows over UVA, slices of <= 128 pages, at its
@@ -144,7 +148,8 @@ ABSL_FLAG(std::string, staging_ctas, "2,4,8",
           "--sweep_prefix (the default is always run at every prefix)");
 ABSL_FLAG(std::string, kvtier_variants, "",
           "Extra staged configurations at --sweep_prefix, ','-separated "
-          "name:key=value;key=value (keys: staging_mib, staging_ctas)");
+          "name:key=value;key=value (keys: staging_mib, staging_ctas, "
+          "path=auto|staged|direct|copy_engine)");
 ABSL_FLAG(double, deadline_s, 0,
           "Stop starting measurements after this many seconds and print what "
           "was measured (0: no deadline)");

@@ -39,7 +39,16 @@ absl::StatusOr<TransferEngine*> Bench::Engine(
   absl::StatusOr<std::unique_ptr<TransferEngine>> e = TransferEngine::Create(
       client::Backend::kCuda, b.pool, b.banks, b.snapshot_bank, options);
   if (!e.ok()) return e.status();
-  if ((*e)->path() != options.path) {
+  if (options.path == client::TransferPath::kAuto) {
+    // What an engine gets by default, per layout: say which path it is.
+    const client::TransferPath p = (*e)->path();
+    Notes().push_back(absl::StrCat(
+        "layout ", b.def->key, ": path=auto takes the ",
+        p == client::TransferPath::kCopyEngine ? "copy-engine"
+        : p == client::TransferPath::kStaged   ? "staged"
+                                               : "direct",
+        " path (", (*e)->plan().page_runs(), " copies per page)"));
+  } else if ((*e)->path() != options.path) {
     return absl::InternalError(
         absl::StrCat("engine took path ", static_cast<int>((*e)->path()),
                      ", asked for ", static_cast<int>(options.path)));

@@ -107,6 +107,22 @@ absl::StatusOr<std::vector<Config>> ParseVariants(const std::string& flag) {
          absl::StrSplit(nv.second, ';', absl::SkipEmpty())) {
       std::pair<std::string, std::string> p =
           absl::StrSplit(kv, absl::MaxSplits('=', 1));
+      if (p.first == "path") {
+        if (p.second == "auto") {
+          c.options.path = client::TransferPath::kAuto;
+        } else if (p.second == "staged") {
+          c.options.path = client::TransferPath::kStaged;
+        } else if (p.second == "direct") {
+          c.options.path = client::TransferPath::kDirect;
+        } else if (p.second == "copy_engine") {
+          c.options.path = client::TransferPath::kCopyEngine;
+        } else {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "--kvtier_variants: path '", p.second,
+              "' is not auto, staged, direct or copy_engine"));
+        }
+        continue;
+      }
       uint64_t v = 0;
       if (!absl::SimpleAtoi(p.second, &v)) {
         return absl::InvalidArgumentError(

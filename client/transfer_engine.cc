@@ -32,6 +32,7 @@
 #include "absl/types/span.h"
 #include "client/pool.h"
 #include "client/reference_stream.h"
+#include "client/transfer_cuda.h"
 #include "client/transfer_plan.h"
 #include "kernels/page_copy.h"
 
@@ -46,111 +47,14 @@ namespace {
 
 using kernels::CopyDirection;
 using kernels::PageCopyParams;
+using transfer_internal::CheckCudaAvailable;
+#if KVTIER_HAVE_CUDA
+using transfer_internal::CheckCudaPlan;
+using transfer_internal::CudaError;
+using transfer_internal::OnDevice;
+#endif
 
 #if KVTIER_HAVE_CUDA
-
-absl::Status CudaError(const std::string& what, cudaError_t err) {
-  return absl::InternalError(absl::StrCat(
-      what, " failed: ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
-}
-
-// Runs `f` with `device` current and restores the caller's current device.
-template <typename F>
-absl::Status OnDevice(int device, F&& f) {
-  int previous = 0;
-  if (cudaError_t err = cudaGetDevice(&previous); err != cudaSuccess) {
-    return CudaError("cudaGetDevice", err);
-  }
-  if (previous != device) {
-    if (cudaError_t err = cudaSetDevice(device); err != cudaSuccess) {
-      return CudaError(absl::StrCat("cudaSetDevice(", device, ")"), err);
-    }
-  }
-  absl::Status status = f();
-  if (previous != device) {
-    if (cudaError_t err = cudaSetDevice(previous);
-        err != cudaSuccess && status.ok()) {
-      status = CudaError(absl::StrCat("cudaSetDevice(", previous, ")"), err);
-    }
-  }
-  return status;
-}
-
-// Returns OK if the device can use [address, address + bytes) directly: device
-// memory of `device` (want_host false), or host memory registered as mapped
-// whose device pointer is `address` (want_host true). Checks the first and
-// last byte.
-absl::Status CheckRange(const std::string& what, uint64_t address,
-                        uint64_t bytes, int device, bool want_host) {
-  for (uint64_t a : {address, address + bytes - 1}) {
-    cudaPointerAttributes attr{};
-    const cudaError_t err =
-        cudaPointerGetAttributes(&attr, reinterpret_cast<const void*>(a));
-    if (err != cudaSuccess) {
-      cudaGetLastError();  // not sticky; keep it from the engine's next check
-      return absl::InvalidArgumentError(
-          absl::StrFormat("%s: cudaPointerGetAttributes(0x%x) failed: %s", what,
-                          a, cudaGetErrorString(err)));
-    }
-    if (want_host) {
-      if (attr.type != cudaMemoryTypeHost ||
-          reinterpret_cast<uint64_t>(attr.devicePointer) != a) {
-        return absl::InvalidArgumentError(absl::StrFormat(
-            "%s: 0x%x is not host memory registered with CUDA as mapped "
-            "(cudaHostRegister with cudaHostRegisterMapped), given by its "
-            "device pointer (cudaHostGetDevicePointer)",
-            what, a));
-      }
-    } else if ((attr.type != cudaMemoryTypeDevice &&
-                attr.type != cudaMemoryTypeManaged) ||
-               attr.device != device) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s: 0x%x is not memory of CUDA device %d", what, a, device));
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckCudaPlan(const TransferPlan& plan) {
-  const GpuPoolDescriptor& pool = plan.pool();
-  for (size_t i = 0; i < pool.banks.size(); ++i) {
-    for (size_t j = 0; j < pool.banks[i].tensors.size(); ++j) {
-      const PoolTensor& t = pool.banks[i].tensors[j];
-      if (absl::Status s = CheckRange(
-              absl::StrCat("banks[", i, "].tensors[", j, "]"), t.base,
-              (pool.num_pages - 1) * t.page_stride + t.bytes_per_page,
-              pool.device, /*want_host=*/false);
-          !s.ok()) {
-        return s;
-      }
-    }
-  }
-  for (size_t k = 0; k < pool.snapshot.size(); ++k) {
-    const PoolTensor& t = pool.snapshot[k];
-    if (absl::Status s = CheckRange(
-            absl::StrCat("snapshot[", k, "]"), t.base,
-            (pool.num_snapshot_slots - 1) * t.page_stride + t.bytes_per_page,
-            pool.device, /*want_host=*/false);
-        !s.ok()) {
-      return s;
-    }
-  }
-  auto check_bank = [&](const std::string& what, const HostBankView& v) {
-    return CheckRange(what, v.base, (v.rows - 1) * v.row_stride + v.row_bytes,
-                      pool.device, /*want_host=*/true);
-  };
-  for (const NamedHostBank& b : plan.page_banks()) {
-    if (absl::Status s =
-            check_bank(absl::StrCat("page bank '", b.first, "'"), b.second);
-        !s.ok()) {
-      return s;
-    }
-  }
-  if (plan.snapshot_bank()) {
-    return check_bank("snapshot bank", *plan.snapshot_bank());
-  }
-  return absl::OkStatus();
-}
 
 // Staging buffers per direction: double buffering.
 constexpr int kStagingBuffers = 2;
@@ -188,7 +92,8 @@ absl::Status NewEvent(cudaEvent_t* e) {
   return absl::OkStatus();
 }
 
-// Creates the lane's streams, events and buffers on the current device.
+// Creates the lane's streams, events and (on the staged path) buffers on the
+// current device.
 absl::Status CreateLane(const TransferPlan& plan, int priority, Lane* lane) {
   if (cudaError_t err = cudaStreamCreateWithPriority(
           &lane->kernel_stream, cudaStreamNonBlocking, priority);
@@ -204,6 +109,7 @@ absl::Status CreateLane(const TransferPlan& plan, int priority, Lane* lane) {
   }
   if (absl::Status s = NewEvent(&lane->fork); !s.ok()) return s;
   if (absl::Status s = NewEvent(&lane->done); !s.ok()) return s;
+  if (plan.path() != TransferPath::kStaged) return absl::OkStatus();
   for (Lane::Buffer& b : lane->buffers) {
     if (cudaError_t err = cudaMalloc(&b.base, plan.staging().buffer_bytes);
         err != cudaSuccess) {
@@ -288,30 +194,6 @@ absl::Status IssueCopies(Lane* lane, CopyDirection direction)
 
 #endif  // KVTIER_HAVE_CUDA
 
-// Returns OK if the CUDA backend can run on `device`.
-absl::Status CheckCudaAvailable(int device) {
-#if KVTIER_HAVE_CUDA
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    return absl::FailedPreconditionError(absl::StrCat(
-        "CUDA backend: no CUDA device is present (cudaGetDeviceCount: ",
-        err == cudaSuccess ? "0 devices" : cudaGetErrorString(err), ")"));
-  }
-  if (device < 0 || device >= count) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("device ", device, " is not a CUDA device ordinal (",
-                     count, " devices)"));
-  }
-  return absl::OkStatus();
-#else
-  (void)device;
-  return absl::FailedPreconditionError(
-      "CUDA backend: libkvtier was built without CUDA (KVTIER_HAVE_CUDA=0)");
-#endif
-}
-
 }  // namespace
 
 #if KVTIER_HAVE_CUDA
@@ -363,7 +245,8 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
       new TransferEngine(backend, *std::move(plan)));
 #if KVTIER_HAVE_CUDA
   if (backend == Backend::kCuda &&
-      engine->plan_.path() == TransferPath::kStaged) {
+      (engine->plan_.path() == TransferPath::kStaged ||
+       engine->plan_.path() == TransferPath::kCopyEngine)) {
     engine->staging_ = std::make_unique<Staging>();
     engine->staging_->device = pool.device;
     absl::Status s = OnDevice(pool.device, [&] {
@@ -381,7 +264,7 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
       return absl::OkStatus();
     });
     if (s.ok()) {
-      engine->path_ = TransferPath::kStaged;
+      engine->path_ = engine->plan_.path();
     } else {
       // Free what was made; kAuto falls back to the direct path.
       (void)OnDevice(pool.device, [&] {
@@ -389,9 +272,13 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
         return absl::OkStatus();
       });
       engine->staging_.reset();
-      if (options.path == TransferPath::kStaged) {
+      if (options.path == TransferPath::kStaged ||
+          options.path == TransferPath::kCopyEngine) {
         return absl::Status(s.code(),
-                            absl::StrCat("staged path: ", s.message()));
+                            absl::StrCat(options.path == TransferPath::kStaged
+                                             ? "staged path: "
+                                             : "copy-engine path: ",
+                                         s.message()));
       }
     }
   }
@@ -404,6 +291,7 @@ size_t TransferEngine::SlicesFor(CopyDirection direction,
   if (path_ == TransferPath::kStaged) {
     return plan_.StagedSlices(direction, num_pages).size();
   }
+  if (path_ == TransferPath::kCopyEngine) return num_pages > 0 ? 1 : 0;
   return TransferPlan::NumSlices(num_pages);
 }
 
@@ -459,6 +347,11 @@ absl::Status TransferEngine::CopyPages(CopyDirection direction,
       return StagedPages(direction, gpu_pages, rows, stream);
     });
   }
+  if (path_ == TransferPath::kCopyEngine && !Capturing(stream)) {
+    return OnDevice(plan_.pool().device, [&] {
+      return CopyEnginePages(direction, gpu_pages, rows, stream);
+    });
+  }
 #endif
   // ~31 KiB on the stack: the kernel's parameter block, rebuilt per slice.
   PageCopyParams params;
@@ -477,7 +370,8 @@ absl::Status TransferEngine::CopySnapshot(CopyDirection direction,
                                           void* stream) {
   if (absl::Status s = plan_.CheckSnapshot(slot, row); !s.ok()) return s;
 #if KVTIER_HAVE_CUDA
-  if (path_ == TransferPath::kStaged && !Capturing(stream)) {
+  if ((path_ == TransferPath::kStaged || path_ == TransferPath::kCopyEngine) &&
+      !Capturing(stream)) {
     return OnDevice(plan_.pool().device, [&] {
       return StagedSnapshot(direction, slot, row, stream);
     });
@@ -576,6 +470,34 @@ absl::Status TransferEngine::StagedPages(CopyDirection direction,
   absl::Status join = Record(lane.done, last);
   if (join.ok()) join = Wait(caller, lane.done);
   return status.ok() ? join : status;
+#else
+  (void)direction;
+  (void)gpu_pages;
+  (void)rows;
+  (void)stream;
+  return absl::FailedPreconditionError("built without CUDA");
+#endif
+}
+
+absl::Status TransferEngine::CopyEnginePages(
+    CopyDirection direction, absl::Span<const uint32_t> gpu_pages,
+    absl::Span<const uint32_t> rows, void* stream) {
+#if KVTIER_HAVE_CUDA
+  // Fork onto the direction's copy stream, one batch of every run, join.
+  const cudaStream_t caller = static_cast<cudaStream_t>(stream);
+  Lane& lane = staging_->lanes[direction == CopyDirection::kToHost ? 0 : 1];
+  absl::MutexLock lock(&lane.mu);
+  lane.copies.clear();
+  plan_.PageRuns(gpu_pages, rows, &lane.copies);
+  absl::Status status = Record(lane.fork, caller);
+  if (status.ok()) status = Wait(lane.copy_stream, lane.fork);
+  if (status.ok()) status = IssueCopies(&lane, direction);
+  // Join even after a failure (see StagedPages).
+  absl::Status join = Record(lane.done, lane.copy_stream);
+  if (join.ok()) join = Wait(caller, lane.done);
+  if (status.ok()) status = join;
+  if (status.ok()) slices_launched_.fetch_add(1, std::memory_order_relaxed);
+  return status;
 #else
   (void)direction;
   (void)gpu_pages;

@@ -22,6 +22,13 @@
 //     complete rows (or pages). The staging buffers (4 x
 //     TransferOptions::staging_bytes at most, 64 MiB by default), streams and
 //     events are allocated by Create.
+//   * copy engine (kAuto's choice for pools whose pages are long contiguous
+//     runs, vLLM's block-first layouts): no kernel and no staging; each run
+//     of a page contiguous in the pool and in the host row is one copy of
+//     one cudaMemcpyBatchAsync on the direction's copy stream, forked off
+//     and joined to the caller's stream like the staged path, so it needs
+//     no SMs and keeps its rate beside compute that holds them all
+//     (docs/benchmarks.md, layout f). Snapshots as on the staged path.
 //   * direct: the page copy kernel reads and writes host rows over UVA on the
 //     caller's stream, at most kMaxSlicePages pages per launch. It allocates
 //     nothing per call (each launch's ~31 KiB parameter block is held by the
@@ -130,9 +137,9 @@ class TransferEngine {
   }
 
   // The path page transfers and snapshots take outside graph capture:
-  // kStaged or kDirect (kDirect for kReference). Differs from plan().path()
-  // only where kAuto fell back to kDirect because the staging buffers could
-  // not be allocated.
+  // kStaged, kCopyEngine or kDirect (kDirect for kReference). Differs from
+  // plan().path() only where kAuto fell back to kDirect because the staging
+  // buffers or streams could not be allocated.
   TransferPath path() const { return path_; }
 
   // Slices (see slices_launched) that a transfer of `num_pages` pages in
@@ -158,6 +165,10 @@ class TransferEngine {
   absl::Status StagedPages(kernels::CopyDirection direction,
                            absl::Span<const uint32_t> gpu_pages,
                            absl::Span<const uint32_t> rows, void* stream);
+  // The copy-engine path; called on the pool's device.
+  absl::Status CopyEnginePages(kernels::CopyDirection direction,
+                               absl::Span<const uint32_t> gpu_pages,
+                               absl::Span<const uint32_t> rows, void* stream);
   absl::Status StagedSnapshot(kernels::CopyDirection direction, uint32_t slot,
                               uint32_t row, void* stream);
   // True if `stream` is capturing a graph (or the query failed, in which

@@ -226,7 +226,8 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
   }
   if (options.path != TransferPath::kAuto &&
       options.path != TransferPath::kStaged &&
-      options.path != TransferPath::kDirect) {
+      options.path != TransferPath::kDirect &&
+      options.path != TransferPath::kCopyEngine) {
     return absl::InvalidArgumentError(
         absl::StrCat("path ", static_cast<uint32_t>(options.path),
                      " is not a TransferPath"));
@@ -433,9 +434,22 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
       plan.staged_segments_[k].chunk_begin = plan.page_segments_[k].chunk_begin;
     }
   }
-  plan.path_ = options.path == TransferPath::kDirect || st.slice_pages == 0
-                   ? TransferPath::kDirect
-                   : TransferPath::kStaged;
+  std::vector<EngineCopy> runs;
+  const uint32_t first = 0;
+  plan.PageRuns(absl::MakeConstSpan(&first, 1), absl::MakeConstSpan(&first, 1),
+                &runs);
+  plan.page_runs_ = static_cast<uint32_t>(std::max<size_t>(runs.size(), 1));
+  uint64_t page_bytes = 0;
+  for (const EngineCopy& r : runs) page_bytes += r.bytes;
+  if (options.path == TransferPath::kCopyEngine ||
+      (options.path == TransferPath::kAuto &&
+       page_bytes / plan.page_runs_ >= kMinCopyEngineRunBytes)) {
+    plan.path_ = TransferPath::kCopyEngine;
+  } else {
+    plan.path_ = options.path == TransferPath::kDirect || st.slice_pages == 0
+                     ? TransferPath::kDirect
+                     : TransferPath::kStaged;
+  }
   if (snapshot_bank) {
     AppendSegments(pool.snapshot, *snapshot_bank, &plan.snapshot_segments_,
                    &plan.snapshot_chunks_);
@@ -559,6 +573,27 @@ void TransferPlan::StagedCopies(absl::Span<const uint32_t> rows,
           bank.base + static_cast<uint64_t>(rows[i]) * bank.row_stride,
           (run - 1) * bank.row_stride + bank.row_bytes});
       i += run;
+    }
+  }
+}
+
+void TransferPlan::PageRuns(absl::Span<const uint32_t> gpu_pages,
+                            absl::Span<const uint32_t> rows,
+                            std::vector<EngineCopy>* copies) const {
+  const size_t first = copies->size();
+  for (size_t i = 0; i < gpu_pages.size(); ++i) {
+    for (const PageCopySegment& s : page_segments_) {
+      const uint64_t device = s.gpu_base + gpu_pages[i] * s.gpu_stride;
+      const uint64_t host = s.host_base + uint64_t{rows[i]} * s.host_stride;
+      if (copies->size() > first) {
+        EngineCopy& last = copies->back();
+        if (last.device + last.bytes == device &&
+            last.host + last.bytes == host) {
+          last.bytes += s.bytes;
+          continue;
+        }
+      }
+      copies->push_back(EngineCopy{device, host, s.bytes});
     }
   }
 }

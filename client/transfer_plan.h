@@ -10,6 +10,11 @@
 //   from the host rows (StagedCopies, one cudaMemcpyBatchAsync per slice);
 //   snapshots go through the copy engine segment by segment
 //   (SnapshotCopies).
+// - copy engine: no kernel; the copy engine moves each page's bytes straight
+//   between the pool and the host rows, one copy per run of bytes that is
+//   contiguous on both sides (PageRuns). For pools whose pages are long
+//   contiguous runs (vLLM's block-first layouts): it needs no SMs, so it
+//   keeps the link busy beside compute that holds them all.
 //
 // The plan holds no GPU resources: it only computes parameter blocks and
 // copy lists. The staging layout (StagingLayout) mirrors the host banks: a
@@ -73,7 +78,20 @@ enum class TransferPath : uint32_t {
   // transfer. Always used while the caller's stream is capturing a CUDA
   // graph (see TransferEngine).
   kDirect = 2,
+  // No kernel: the copy engine copies each run of a page that is contiguous
+  // in the pool and in the host row straight across PCIe (PageRuns), one
+  // cudaMemcpyBatchAsync per transfer. kAuto takes it when a page's runs
+  // average at least kMinCopyEngineRunBytes (block-first pools).
+  kCopyEngine = 3,
 };
+
+// The mean run of a page (over all page banks) from which kAuto leaves the
+// copy to the copy engine alone. Measured on the H200 beside an 8192^3 bf16
+// GEMM (issue 16's probe and transfer_bench layout f): one descriptor per
+// 2 MiB or 256 KiB page kept 54 / 46-47 GB/s with the GEMM slowed no more
+// than by a contiguous copy, where the staged kernel path kept ~20 and
+// descriptors of 4-32 KiB 5-31.
+inline constexpr uint64_t kMinCopyEngineRunBytes = 256ull << 10;
 
 // Default bytes of one staging buffer. On the H200, 16 MiB slices beat 64
 // MiB ones in an early probe; with batched copies 16 MiB reaches 97-99 % of
@@ -148,9 +166,13 @@ class TransferPlan {
       std::optional<HostBankView> snapshot_bank,
       const TransferOptions& options = {});
 
-  // The path the CUDA backend takes outside graph capture: kStaged or
-  // kDirect, never kAuto (kAuto resolved against the staging layout).
+  // The path the CUDA backend takes outside graph capture: kStaged,
+  // kDirect or kCopyEngine, never kAuto (kAuto resolved against the staging
+  // layout and page_runs()).
   TransferPath path() const { return path_; }
+  // Copies one page takes on the copy-engine path when nothing merges
+  // across pages (PageRuns of page 0 into row 0); >= 1.
+  uint32_t page_runs() const { return page_runs_; }
   const TransferOptions& options() const { return options_; }
   const StagingLayout& staging() const { return staging_; }
 
@@ -214,6 +236,16 @@ class TransferPlan {
   void StagedCopies(absl::Span<const uint32_t> rows, uint64_t staging_base,
                     std::vector<EngineCopy>* copies) const;
 
+  // Appends to `*copies` the copy-engine copies of the copy-engine path:
+  // page gpu_pages[i] <-> row rows[i] of every page bank, one copy per run of
+  // bytes contiguous both in the pool and in the host rows (a page's tensors,
+  // and consecutive pages and rows, merge where they are adjacent on both
+  // sides). Padding bytes of a row are never written.
+  // REQUIRES: CheckPages(...).ok().
+  void PageRuns(absl::Span<const uint32_t> gpu_pages,
+                absl::Span<const uint32_t> rows,
+                std::vector<EngineCopy>* copies) const;
+
   // Appends to `*copies` the copy-engine copies between snapshot slot `slot`
   // and snapshot row `row`: one per segment, adjacent segments that are
   // contiguous on the device as well merged. REQUIRES:
@@ -244,6 +276,7 @@ class TransferPlan {
   StagingLayout staging_;
   std::vector<kernels::PageCopySegment> page_segments_;
   uint32_t page_chunks_ = 0;  // chunks per page, over all segments
+  uint32_t page_runs_ = 1;    // see page_runs()
   // page_segments_ with host_base relative to a staging buffer's start and
   // host_stride the bank's row stride (empty without staging).
   std::vector<kernels::PageCopySegment> staged_segments_;

@@ -5,6 +5,7 @@
 #include "client/transfer_plan.h"
 
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -445,6 +446,127 @@ TEST(TransferPlan, RejectsBadCalls) {
   st = plan->CheckSnapshot(0, 3);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("row 3 is out of range"), std::string::npos);
+}
+
+// ----------------------------------------------------- copy-engine path --
+
+// One bank "kv" of kTensors tensors of `bytes` each, block-first on the GPU
+// (page i of every tensor back to back: a page is one contiguous run) and
+// page-first in the host rows.
+PlanInputs BlockFirst(uint64_t gpu_base, uint64_t host_base, uint64_t bytes) {
+  constexpr int kTensors = 8;
+  PlanInputs s;
+  BankPool kv{"kv", {}};
+  for (int t = 0; t < kTensors; ++t) {
+    kv.tensors.push_back(
+        PoolTensor{gpu_base + t * bytes, kTensors * bytes, bytes});
+  }
+  s.pool.banks = {kv};
+  s.banks = {{"kv", HostBankView{host_base, kRows, kTensors * bytes,
+                                 kTensors * bytes}}};
+  return s;
+}
+
+TEST(TransferPlan, TensorMajorPoolsStayOnTheStagedPath) {
+  PlanInputs s;
+  auto plan = s.Create();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->page_runs(), 8u);  // 4 + 4 tensors, each its own region.
+  EXPECT_EQ(plan->path(), TransferPath::kStaged);
+}
+
+TEST(TransferPlan, BlockFirstPoolsTakeTheCopyEngine) {
+  PlanInputs s = BlockFirst(0x7f0000000000, 0x100000000, 32 << 10);
+  auto plan = s.Create();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->page_runs(), 1u);  // 8 x 32 KiB, adjacent on both sides.
+  EXPECT_EQ(plan->path(), TransferPath::kCopyEngine);
+  std::vector<EngineCopy> runs;
+  // Pages 3, 4 into rows 7, 8: adjacent on both sides, so one copy.
+  std::vector<uint32_t> pages = {3, 4}, rows = {7, 8};
+  plan->PageRuns(pages, rows, &runs);
+  ASSERT_EQ(runs.size(), 1u);
+  EXPECT_EQ(runs[0].device, 0x7f0000000000 + 3 * (256 << 10));
+  EXPECT_EQ(runs[0].host, 0x100000000 + 7 * (256 << 10));
+  EXPECT_EQ(runs[0].bytes, 512u << 10);
+  // Not adjacent in the pool: one copy per page.
+  runs.clear();
+  pages = {3, 5};
+  plan->PageRuns(pages, rows, &runs);
+  ASSERT_EQ(runs.size(), 2u);
+  EXPECT_EQ(runs[1].device, 0x7f0000000000 + 5 * (256 << 10));
+  EXPECT_EQ(runs[1].host, 0x100000000 + 8 * (256 << 10));
+  EXPECT_EQ(runs[1].bytes, 256u << 10);
+  // An explicit path wins over the layout.
+  auto staged = TransferPlan::Create(s.pool, s.banks, std::nullopt,
+                                     {.path = TransferPath::kStaged});
+  ASSERT_TRUE(staged.ok()) << staged.status();
+  EXPECT_EQ(staged->path(), TransferPath::kStaged);
+}
+
+TEST(TransferPlan, ShortRunsStayStagedUnlessTheCopyEngineIsAskedFor) {
+  // Block-first but 8 x 4 KiB: 32 KiB runs, below kMinCopyEngineRunBytes.
+  PlanInputs s = BlockFirst(0x7f0000000000, 0x100000000, 4 << 10);
+  auto plan = s.Create();
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->page_runs(), 1u);
+  EXPECT_EQ(plan->path(), TransferPath::kStaged);
+  auto ce = TransferPlan::Create(s.pool, s.banks, std::nullopt,
+                                 {.path = TransferPath::kCopyEngine});
+  ASSERT_TRUE(ce.ok()) << ce.status();
+  EXPECT_EQ(ce->path(), TransferPath::kCopyEngine);
+}
+
+// The runs move exactly the bytes the copy kernel's reference moves: both
+// executed with memcpy on real buffers, for a tensor-major pool with padded
+// rows (nothing merges) and a block-first one (pages merge).
+TEST(TransferPlan, PageRunsMoveWhatTheKernelMoves) {
+  for (bool block_first : {false, true}) {
+    SCOPED_TRACE(block_first ? "block-first" : "tensor-major");
+    constexpr uint64_t kBytes = 96;  // per tensor and page
+    std::vector<uint8_t> gpu(kPages * 8 * kBytes + 4096);
+    for (size_t i = 0; i < gpu.size(); ++i)
+      gpu[i] = static_cast<uint8_t>(i * 7 + 3);
+    std::vector<uint8_t> via_runs(kRows * 8 * kBytes + 4096, 0xee);
+    std::vector<uint8_t> via_kernel = via_runs;
+    const uint64_t g = reinterpret_cast<uint64_t>(gpu.data());
+    auto pool_for = [&](uint64_t host) {
+      if (block_first) return BlockFirst(g, host, kBytes);
+      PlanInputs s;
+      BankPool kv{"kv", {}};
+      for (int t = 0; t < 8; ++t) {
+        kv.tensors.push_back(
+            PoolTensor{g + t * kPages * kBytes, kBytes, kBytes});
+      }
+      s.pool.banks = {kv};
+      // Rows padded by 16 bytes: those must never be written.
+      s.banks = {
+          {"kv", HostBankView{host, kRows - 1, 8 * kBytes, 8 * kBytes + 16}}};
+      return s;
+    };
+    PlanInputs a = pool_for(reinterpret_cast<uint64_t>(via_runs.data()));
+    PlanInputs b = pool_for(reinterpret_cast<uint64_t>(via_kernel.data()));
+    auto runs_plan = TransferPlan::Create(a.pool, a.banks, std::nullopt);
+    auto kernel_plan = TransferPlan::Create(b.pool, b.banks, std::nullopt);
+    ASSERT_TRUE(runs_plan.ok()) << runs_plan.status();
+    ASSERT_TRUE(kernel_plan.ok()) << kernel_plan.status();
+    const std::vector<uint32_t> pages = {9, 10, 11, 40, 2};
+    const std::vector<uint32_t> rows = {4, 5, 6, 0, 20};
+    std::vector<EngineCopy> runs;
+    runs_plan->PageRuns(pages, rows, &runs);
+    EXPECT_EQ(runs.size(), block_first ? 3u : 5u * 8u);
+    for (const EngineCopy& r : runs) {
+      std::memcpy(reinterpret_cast<void*>(r.host),
+                  reinterpret_cast<const void*>(r.device), r.bytes);
+    }
+    PageCopyParams params;
+    for (size_t k = 0; k < TransferPlan::NumSlices(pages.size()); ++k) {
+      kernel_plan->FillPageSlice(CopyDirection::kToHost, pages, rows, k,
+                                 &params);
+      ASSERT_TRUE(kernels::RunPageCopyReference(params).ok());
+    }
+    EXPECT_EQ(via_runs, via_kernel);
+  }
 }
 
 }  // namespace

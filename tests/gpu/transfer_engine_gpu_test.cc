@@ -404,15 +404,24 @@ TransferOptions Direct() {
   return o;
 }
 
+TransferOptions CopyEngine() {
+  TransferOptions o;
+  o.path = TransferPath::kCopyEngine;
+  return o;
+}
+
 // Evicts n random pages to random rows and rehydrates the rows into a
-// disjoint page set, on both backends, comparing after each step.
+// disjoint page set, on both backends, comparing after each step. The
+// engine must take `expect` (default: direct when asked, else staged).
 void RoundTrip(const std::vector<BankSpec>& spec, Options opt, uint32_t n,
-               const TransferOptions& options) {
+               const TransferOptions& options,
+               std::optional<TransferPath> expect = std::nullopt) {
   Twin t;
   ASSERT_NO_FATAL_FAILURE(Build(spec, opt, &t, options));
-  EXPECT_EQ(t.cuda->path(), options.path == TransferPath::kDirect
+  EXPECT_EQ(t.cuda->path(),
+            expect.value_or(options.path == TransferPath::kDirect
                                 ? TransferPath::kDirect
-                                : TransferPath::kStaged);
+                                : TransferPath::kStaged));
   const std::vector<uint32_t> pages =
       Shuffled(static_cast<uint32_t>(opt.num_pages), 11);
   const std::vector<uint32_t> src(pages.begin(), pages.begin() + n);
@@ -488,6 +497,51 @@ TEST(TransferEngineGpu, OddRowSizesRoundTripMatchesReference) {
 TEST(TransferEngineGpu, PageMajorPoolRoundTripMatchesReference) {
   SKIP_WITHOUT_DEVICE();
   RoundTripAllPaths(Fp8Layout(4), PoolOf(512, 256, /*page_major=*/true), 200);
+}
+
+// vLLM's block-first pools: a page of 8 x 32 KiB is one contiguous 256 KiB
+// run in the pool and in the row, so kAuto leaves it to the copy engine (no
+// kernel); the bytes are the reference's. Asked for, the copy engine also
+// moves a tensor-major pool of two banks (one copy per tensor and page).
+// Under graph capture the block-first engine records kernel nodes instead.
+TEST(TransferEngineGpu, BlockFirstPoolsGoThroughTheCopyEngine) {
+  SKIP_WITHOUT_DEVICE();
+  {
+    SCOPED_TRACE("block-first, default options");
+    ASSERT_NO_FATAL_FAILURE(
+        RoundTrip(Bf16Layout(4), PoolOf(256, 128, /*page_major=*/true), 100,
+                  TransferOptions{}, TransferPath::kCopyEngine));
+  }
+  {
+    SCOPED_TRACE("tensor-major, copy engine asked for");
+    ASSERT_NO_FATAL_FAILURE(RoundTrip(Fp8Layout(4), PoolOf(320, 200), 150,
+                                      CopyEngine(), TransferPath::kCopyEngine));
+  }
+  Twin t;
+  ASSERT_NO_FATAL_FAILURE(
+      Build(Bf16Layout(4), PoolOf(256, 128, /*page_major=*/true), &t));
+  ASSERT_EQ(t.cuda->path(), TransferPath::kCopyEngine);
+  EXPECT_EQ(t.cuda->plan().page_runs(), 1u);
+  const std::vector<uint32_t> pages = Shuffled(256, 41);
+  const std::vector<uint32_t> src(pages.begin(), pages.begin() + 100);
+  std::vector<uint32_t> rows = Shuffled(128, 42);
+  rows.resize(100);
+  cudaGraph_t graph = nullptr;
+  ASSERT_CUDA(cudaStreamBeginCapture(t.stream, cudaStreamCaptureModeGlobal));
+  const absl::Status st = t.cuda->Evict(src, rows, t.stream);
+  ASSERT_CUDA(cudaStreamEndCapture(t.stream, &graph));
+  ASSERT_TRUE(st.ok()) << st;
+  size_t nodes = 0;
+  ASSERT_CUDA(cudaGraphGetNodes(graph, nullptr, &nodes));
+  EXPECT_EQ(nodes, 1u);  // 100 pages: one direct slice, one kernel node.
+  cudaGraphExec_t exec = nullptr;
+  ASSERT_CUDA(cudaGraphInstantiate(&exec, graph, 0));
+  ASSERT_CUDA(cudaGraphLaunch(exec, t.stream));
+  ASSERT_CUDA(cudaStreamSynchronize(t.stream));
+  ASSERT_TRUE(t.ref->Evict(src, rows, nullptr).ok());
+  ExpectBanksMatch(t);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
 }
 
 // Many calls of both directions on one stream with no synchronisation in

@@ -25,6 +25,7 @@
 #include "common/default_socket.h"
 #include "daemon/device_pool.h"
 #include "daemon/fast_lookup_server.h"
+#include "daemon/kv_events.h"
 #include "daemon/metrics.h"
 #include "daemon/server_limits.h"
 #include "daemon/systemd_notify.h"
@@ -133,6 +134,13 @@ ABSL_FLAG(uint32_t, fence_sweep_ms, 50,
           "How often kvtierd checks whether the holders of fenced rows have "
           "exited (pidfd), freeing their rows");
 ABSL_FLAG(std::string, log_level, "info", "trace|debug|info|warn|error");
+ABSL_FLAG(std::string, kv_events_endpoint, "",
+          "ZMQ endpoint to bind for KV events in vLLM's wire format, one topic "
+          "per namespace (e.g. tcp://*:5557 or ipc:///run/kvtier/events; "
+          "empty: none)");
+ABSL_FLAG(std::string, kv_events_replay_endpoint, "",
+          "ZMQ ROUTER endpoint to bind for replaying missed KV event batches "
+          "(empty: none)");
 ABSL_FLAG(uint64_t, device_pool_bytes, 0,
           "Bytes of daemon-owned GPU memory per GPU for recurrent-state "
           "snapshots, exported to engines over CUDA IPC; survives engine "
@@ -372,6 +380,28 @@ int Main(int argc, char** argv) {
     options.device_pools = device_pool->exports();
   }
   options.device_pool_namespaces = absl::GetFlag(FLAGS_device_pool_namespaces);
+
+  // KV events (daemon/kv_events.h): declared before the core, which
+  // publishes through it, so it outlives it.
+  std::unique_ptr<kvtier::daemon::KvEventPublisher> kv_events;
+  if (const std::string e = absl::GetFlag(FLAGS_kv_events_endpoint);
+      !e.empty()) {
+    auto pub = kvtier::daemon::KvEventPublisher::Start(
+        {.endpoint = e,
+         .replay_endpoint = absl::GetFlag(FLAGS_kv_events_replay_endpoint)});
+    if (!pub.ok()) {
+      SPDLOG_CRITICAL("--kv_events_endpoint: {}", pub.status().ToString());
+      return 2;
+    }
+    kv_events = *std::move(pub);
+    SPDLOG_INFO("KV events on {}{}{}", kv_events->endpoint(),
+                kv_events->replay_endpoint().empty() ? "" : ", replay on ",
+                kv_events->replay_endpoint());
+    options.kv_events = kv_events.get();
+  } else if (!absl::GetFlag(FLAGS_kv_events_replay_endpoint).empty()) {
+    SPDLOG_CRITICAL("--kv_events_replay_endpoint needs --kv_events_endpoint");
+    return 2;
+  }
 
   TierCore core(options);
   // Before anything is served: namespaces and indexes from the journals.

@@ -166,6 +166,7 @@ void PrefixIndex::RemoveSnapshot(uint32_t id) {
 
 void PrefixIndex::RemoveLeaf(uint32_t id) {
   Node& n = N(id);
+  if (removal_log_ != nullptr && Complete(n)) removal_log_->push_back(n.key);
   if (InLeafSet(n)) leaf_lru_.erase({n.tick, id});
   RemoveSnapshot(id);
   for (uint32_t r = 0; r < ranks_; ++r) {

@@ -232,6 +232,9 @@ class PrefixIndex {
     // list.
     std::vector<uint32_t> freed_page_rows;
     std::vector<uint32_t> freed_snapshot_rows;
+    // Indices into `hashes` of the pages this commit made complete (every
+    // stored rank holds a row), ascending: what the KV events announce.
+    std::vector<uint32_t> completed;
   };
 
   // Makes `rows` (allocated-uncommitted page rows of `rank`, rows[i] holding
@@ -273,6 +276,11 @@ class PrefixIndex {
   // NOT_FOUND when absent; FAILED_PRECONDITION (naming the pin count) when
   // any node in it is pinned, and then nothing changes.
   absl::StatusOr<DropResult> DropSubtree(const HashKey& hash);
+
+  // From now on, every complete node removed (evicted or dropped; not by
+  // Clear) appends its key to `*log`, for the KV events; nullptr stops it.
+  // The owner drains the log. REQUIRES: exclusive access.
+  void SetRemovalLog(std::vector<HashKey>* log) { removal_log_ = log; }
 
   // Drops everything: nodes, pins and allocated-uncommitted rows (callers
   // forget their reservations and leases). Every row becomes free; eviction
@@ -499,6 +507,7 @@ class PrefixIndex {
   uint64_t nodes_ = 0, leaves_ = 0, snapshot_nodes_ = 0;
   uint64_t evicted_pages_ = 0, evicted_snapshots_ = 0;
   uint64_t spacing_violations_ = 0;
+  std::vector<HashKey>* removal_log_ = nullptr;  // see SetRemovalLog
 };
 
 // ------------------------------------------------------------ functors --

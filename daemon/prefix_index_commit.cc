@@ -148,6 +148,7 @@ absl::StatusOr<PrefixIndex::CommitResult> PrefixIndex::Commit(
       pages_.CommitRow(rank, rows[i]);
       id = NewNode(hashes[i], prev, rank, rows[i]);
       ++result.committed_pages;
+      if (Complete(N(id))) result.completed.push_back(static_cast<uint32_t>(i));
     } else if (PageRow(id, rank) != kNoRow) {
       pages_.ReturnAllocated(rank, rows[i]);
       result.freed_page_rows.push_back(rows[i]);
@@ -157,6 +158,7 @@ absl::StatusOr<PrefixIndex::CommitResult> PrefixIndex::Commit(
       PageRow(id, rank) = rows[i];
       ++N(id).page_ranks;
       ++result.committed_pages;
+      if (Complete(N(id))) result.completed.push_back(static_cast<uint32_t>(i));
     }
     nodes[i] = id;
     prev = id;

@@ -243,6 +243,8 @@ absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
       ns->reserved_page_rows = 0;
       ns->reserved_snapshot_rows = 0;
       ns->index->Clear();
+      ns->removed_keys.clear();
+      PublishCleared(ns->name);
       // Removed below, without locks; requests still holding ns see no
       // journal from now on.
       journal = std::move(ns->journal);
@@ -289,6 +291,7 @@ absl::Status TierCore::DropPrefix(Namespace& ns, const HashKey& key,
   ns.ApplyPendingTouches();
   auto dropped = ns.index->DropSubtree(key);
   if (!dropped.ok()) return dropped.status();
+  PublishRemoved(ns);
   if (ns.journal != nullptr) {
     if (absl::Status s = ns.Journal(ns.journal->AppendDrop(key)); !s.ok()) {
       return s;

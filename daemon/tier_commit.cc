@@ -18,6 +18,20 @@ namespace kvtier::daemon {
 
 namespace {
 
+// token_ids is empty or exactly tokens_per_page per hash (CommitRequest).
+absl::Status CheckTokenIds(const v1::CommitRequest& req,
+                           const TierNamespace& ns, size_t pages) {
+  const uint64_t want = uint64_t{ns.layout.tokens_per_page()} * pages;
+  if (req.token_ids_size() != 0 &&
+      static_cast<uint64_t>(req.token_ids_size()) != want) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("token_ids: ", req.token_ids_size(), " token ids for ",
+                     pages, " pages of ", ns.layout.tokens_per_page(),
+                     " tokens (send none, or ", want, ")"));
+  }
+  return absl::OkStatus();
+}
+
 // What a Commit places of its reservation's snapshot rows and device-pool
 // slots.
 struct Placements {
@@ -100,6 +114,7 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = CheckTokenIds(req, ns, keys.size()); !s.ok()) return s;
   HashKey parent;
   bool has_parent = false;
   if (absl::Status s = ParseOptionalHash(req.parent_hash(), ns.hash_bytes,
@@ -147,6 +162,9 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
   auto result = ns.index->Commit(rank, has_parent ? &parent : nullptr, keys,
                                  r.page_rows, placements);
   if (!result.ok()) return result.status();
+  PublishStored(
+      ns, has_parent ? &parent : nullptr, keys, result->completed,
+      absl::MakeConstSpan(req.token_ids().data(), req.token_ids().size()));
   // Acknowledged only once journaled. When even a checkpoint fails, the
   // pages stay visible (the engine wrote them) but the engine hears
   // UNAVAILABLE: a restart may lose them.
@@ -196,6 +214,7 @@ absl::Status TierCore::AdoptMirror(const v1::CommitRequest& req,
       !s.ok()) {
     return s;
   }
+  if (absl::Status s = CheckTokenIds(req, ns, keys.size()); !s.ok()) return s;
   if (keys.empty()) {
     return absl::InvalidArgumentError("hashes: nothing to adopt");
   }
@@ -244,6 +263,7 @@ absl::Status TierCore::AdoptMirror(const v1::CommitRequest& req,
     if (absl::Status s = ns.Journal(ns.journal->AppendReserve(rank, rows, {}));
         !s.ok()) {
       (void)ns.index->FreePageRows(rank, rows);
+      PublishRemoved(ns);
       return s;
     }
   }
@@ -261,8 +281,13 @@ absl::Status TierCore::AdoptMirror(const v1::CommitRequest& req,
       ns.index->Commit(rank, has_parent ? &parent : nullptr, keys, rows, {});
   if (!result.ok()) {
     (void)ns.index->FreePageRows(rank, rows);
+    PublishRemoved(ns);  // The allocation may have evicted.
     return result.status();
   }
+  PublishRemoved(ns);
+  PublishStored(
+      ns, has_parent ? &parent : nullptr, keys, result->completed,
+      absl::MakeConstSpan(req.token_ids().data(), req.token_ids().size()));
   absl::Status journaled;
   if (ns.journal != nullptr) {
     journaled = ns.Journal(ns.journal->AppendCommit(

@@ -377,6 +377,20 @@ class TierCore {
   void RefundLocked(uid_t uid, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // ---- KV events (tier_events.cc) ----
+  // Announces the pages of `keys` at `completed` (CommitResult::completed),
+  // one BlockStored per run of consecutive pages, with their tokens when
+  // `token_ids` holds tokens_per_page per key. No sink: nothing.
+  void PublishStored(Namespace& ns, const HashKey* parent,
+                     absl::Span<const HashKey> keys,
+                     absl::Span<const uint32_t> completed,
+                     absl::Span<const uint32_t> token_ids)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
+  // Announces what the index removed since (Namespace::removed_keys).
+  void PublishRemoved(Namespace& ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
+  // Announces that namespace `name` holds nothing any more.
+  void PublishCleared(const std::string& name);
+
   // ---- NUMA placement (tier_attach.cc) ----
   // The node an Attach naming `pci_bus_id` puts banks on under
   // options_.bank_numa_node: -1 for none (also when sysfs does not know the

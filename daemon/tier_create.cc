@@ -380,6 +380,9 @@ absl::StatusOr<std::shared_ptr<TierCore::Namespace>> TierCore::BuildNamespace(
   // Unpublished: nobody else can reach ns->mu yet.
   absl::MutexLock lock(&ns->mu);
   ns->index = *std::move(index);
+  if (options_.kv_events != nullptr) {
+    ns->index->SetRemovalLog(&ns->removed_keys);
+  }
   // A rank whose banks existed already (recovery, or files a daemon without
   // a journal left) keeps its placement: engines may map them.
   ns->numa_placed.assign(plan.stored_ranks, false);

@@ -171,6 +171,9 @@ struct TierNamespace {
   absl::Mutex touch_mu;
   std::vector<std::pair<uint32_t, HashKey>> pending_touches
       ABSL_GUARDED_BY(touch_mu);
+  // Keys of complete nodes removed since the last KV event was published
+  // (PrefixIndex::SetRemovalLog; only with a KV event sink).
+  std::vector<HashKey> removed_keys ABSL_GUARDED_BY(mu);
   uint64_t committed_pages ABSL_GUARDED_BY(mu) = 0;
   uint64_t committed_snapshots ABSL_GUARDED_BY(mu) = 0;
   uint64_t dropped_pages ABSL_GUARDED_BY(mu) = 0;

@@ -14,6 +14,7 @@
 #include "daemon/device_pool.h"
 #include "daemon/fence_registry.h"
 #include "daemon/journal.h"
+#include "daemon/kv_event_types.h"
 #include "daemon/peer_credentials.h"
 #include "shm/segment.h"
 
@@ -70,6 +71,9 @@ struct TierOptions {
   // name, or a prefix and '*'; empty: every namespace).
   std::vector<DevicePoolExport> device_pools;
   std::vector<std::string> device_pool_namespaces;
+  // Where the KV events go (kvtierd --kv_events_endpoint;
+  // daemon/kv_event_types.h), or nullptr for none. Outlives the TierCore.
+  KvEventSink* kv_events = nullptr;
   // The fence protocol's policy (daemon/fence_registry.h).
   FenceOptions fence;
   // A corrupt journal (JournalContents::corrupt): false keeps its

@@ -220,6 +220,8 @@ absl::Status TierCore::RecoverNamespace(const std::string& name,
       ns.index->Clear();
     }
   }
+  // What the replay removed was never announced by this process.
+  ns.removed_keys.clear();
   if (fence_->restart_waiting() > 0) {
     InstallRestartFenceLocked(ns, *contents, /*emptied=*/!doubt.empty());
   }

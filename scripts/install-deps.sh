@@ -15,6 +15,7 @@ pkgs=(
   clang libclang-rt-14-dev passwd  # test-asan + fuzz/; useradd (isolation)
   libseccomp-dev  # tests/seccomp_exec: the unit's SystemCallFilter= in CI
   curl dpkg-dev  # Debian source packages: scripts/pic-deps.sh, scripts/tsan-abseil.sh
+  libzmq3-dev cppzmq-dev libmsgpack-cxx-dev  # KV events (daemon/kv_events.h)
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -352,6 +352,16 @@ const uint32_t* kvt_reservation_snapshot_rows(const kvt_reservation* r) {
   return r == nullptr ? nullptr : r->reservation.snapshot_rows().data();
 }
 
+kvt_status kvt_reservation_set_token_ids(kvt_reservation* r,
+                                         const uint32_t* token_ids,
+                                         size_t num_token_ids) {
+  KVT_REQUIRE(r != nullptr, "reservation: NULL");
+  KVT_REQUIRE(token_ids != nullptr || num_token_ids == 0, "token_ids: NULL");
+  r->reservation.SetTokenIds(
+      std::vector<uint32_t>(token_ids, token_ids + num_token_ids));
+  return Set(absl::OkStatus());
+}
+
 kvt_status kvt_commit(kvt_reservation* r, const uint8_t* parent,
                       size_t parent_len, const uint8_t* hashes,
                       size_t num_hashes, const kvt_snapshot_placement* snaps,

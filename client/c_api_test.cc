@@ -86,6 +86,28 @@ TEST_F(CApiTest, BadArgumentsNameTheArgument) {
   EXPECT_EQ(kvt_reserve(ns, 0, 0, &r), KVT_INVALID_ARGUMENT);
   EXPECT_EQ(kvt_reserve(ns, 33, 0, &r), KVT_INVALID_ARGUMENT);
   EXPECT_THAT(kvt_last_error(), HasSubstr("pages"));
+  // Token ids for the KV events: checked here, and their count by the
+  // daemon at the commit (which then leaves the reservation open).
+  const uint32_t ids[3] = {1, 2, 3};
+  EXPECT_EQ(kvt_reservation_set_token_ids(nullptr, ids, 3),
+            KVT_INVALID_ARGUMENT);
+  ASSERT_EQ(kvt_reserve(ns, 2, 0, &r), KVT_OK) << kvt_last_error();
+  EXPECT_EQ(kvt_reservation_set_token_ids(r, nullptr, 3), KVT_INVALID_ARGUMENT);
+  EXPECT_THAT(kvt_last_error(), HasSubstr("token_ids"));
+  ASSERT_EQ(kvt_reservation_set_token_ids(r, ids, 3), KVT_OK);
+  uint8_t two[64];
+  for (int i = 0; i < 64; ++i) two[i] = static_cast<uint8_t>(i + 1);
+  kvt_commit_result cr;
+  EXPECT_EQ(kvt_commit(r, nullptr, 0, two, 2, nullptr, 0, &cr),
+            KVT_INVALID_ARGUMENT);
+  EXPECT_THAT(kvt_last_error(),
+              HasSubstr("token_ids: 3 token ids for 2 pages"));
+  const uint32_t eight[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+  ASSERT_EQ(kvt_reservation_set_token_ids(r, eight, 8), KVT_OK);
+  EXPECT_EQ(kvt_commit(r, nullptr, 0, two, 2, nullptr, 0, &cr), KVT_OK)
+      << kvt_last_error();
+  EXPECT_EQ(cr.committed_pages, 2u);
+  r = nullptr;
   kvt_pool pool{};
   kvt_transfer* t = nullptr;
   EXPECT_EQ(kvt_transfer_create(ns, 5, &pool, 0, &t), KVT_INVALID_ARGUMENT);

@@ -264,6 +264,15 @@ class Reservation {
   std::future<absl::StatusOr<CommitResult>> CommitAfter(
       void* stream, std::string parent_hash, std::string hashes,
       std::vector<SnapshotPlacement> snapshots = {});
+  // The token ids of the pages this reservation will commit
+  // (tokens_per_page per page, in order), sent with its Commit or
+  // CommitAfter for the daemon's KV events (BlockStored carries them to
+  // cache-aware routers; the daemon does not keep them). Optional; a count
+  // other than tokens_per_page x the committed hashes makes the commit
+  // INVALID_ARGUMENT.
+  void SetTokenIds(std::vector<uint32_t> token_ids) {
+    token_ids_ = std::move(token_ids);
+  }
   // Returns the rows. REQUIRES: no work that writes them is queued (else
   // AbortAfter).
   absl::Status Abort();
@@ -288,6 +297,7 @@ class Reservation {
   std::vector<uint32_t> page_rows_;
   std::vector<uint32_t> snapshot_rows_;
   std::vector<uint32_t> device_snapshot_rows_;
+  std::vector<uint32_t> token_ids_;  // see SetTokenIds
 };
 
 class Namespace {

@@ -138,7 +138,7 @@ absl::StatusOr<CommitResult> Reservation::Commit(
         "reservation: already committed or aborted");
   }
   auto result = ns_->CommitReservation(epoch_, id_, parent_hash, hashes,
-                                       snapshots, device_snapshots);
+                                       snapshots, device_snapshots, token_ids_);
   if (result.ok()) {
     id_ = 0;
     (void)ns_->conn->tracker.Remove(std::exchange(track_, 0));
@@ -161,14 +161,15 @@ std::future<absl::StatusOr<CommitResult>> Reservation::CommitAfter(
   auto ns = ns_;
   ns->After(stream, [ns, id, track, epoch = epoch_, promise,
                      parent = std::move(parent_hash), h = std::move(hashes),
-                     s = std::move(snapshots)](absl::Status queued) {
+                     s = std::move(snapshots),
+                     tokens = std::move(token_ids_)](absl::Status queued) {
     if (!queued.ok()) {
       // The copies may still run: fence the rows rather than free them.
       ns->ReservationAbandoned(epoch, id, track);
       promise->set_value(queued);
       return;
     }
-    auto result = ns->CommitReservation(epoch, id, parent, h, s);
+    auto result = ns->CommitReservation(epoch, id, parent, h, s, {}, tokens);
     if (result.ok()) {
       (void)ns->conn->tracker.Remove(track);
     } else {

@@ -89,7 +89,8 @@ absl::StatusOr<CommitResult> NamespaceState::CommitReservation(
     uint64_t reservation_epoch, uint64_t reservation_id,
     std::string_view parent, std::string_view hashes,
     const std::vector<SnapshotPlacement>& snaps,
-    const std::vector<SnapshotPlacement>& device_snaps) {
+    const std::vector<SnapshotPlacement>& device_snaps,
+    absl::Span<const uint32_t> token_ids) {
   v1::CommitRequest req;
   uint64_t e = 0;
   if (!Fill(&req, &e)) return Unusable("Commit");
@@ -104,6 +105,7 @@ absl::StatusOr<CommitResult> NamespaceState::CommitReservation(
   req.set_reservation_id(reservation_id);
   req.set_parent_hash(std::string(parent));
   req.set_hashes(std::string(hashes));
+  req.mutable_token_ids()->Assign(token_ids.begin(), token_ids.end());
   for (const auto& s : snaps) {
     auto* p = req.add_snapshots();
     p->set_index(s.index);

@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
 #include "client/bank_mapping.h"
 #include "client/block_hash.h"
 #include "client/client.h"
@@ -83,7 +84,8 @@ struct NamespaceState {
       uint64_t reservation_epoch, uint64_t reservation_id,
       std::string_view parent, std::string_view hashes,
       const std::vector<SnapshotPlacement>& snaps,
-      const std::vector<SnapshotPlacement>& device_snaps = {});
+      const std::vector<SnapshotPlacement>& device_snaps = {},
+      absl::Span<const uint32_t> token_ids = {});
 
   // Releases the pin `lease_id` of session `epoch` if that is the current
   // session, else the fence hold tracked under `track`, once the lease's

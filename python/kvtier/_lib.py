@@ -199,6 +199,7 @@ _SIGNATURES = {
     "kvt_reservation_page_rows": (_u32p, [c_void_p]),
     "kvt_reservation_num_snapshot_rows": (c_uint32, [c_void_p]),
     "kvt_reservation_snapshot_rows": (_u32p, [c_void_p]),
+    "kvt_reservation_set_token_ids": (_status, [c_void_p, _u32p, c_size_t]),
     "kvt_commit": (_status, [c_void_p, _u8p, c_size_t, _u8p, c_size_t,
                              POINTER(SnapshotPlacement), c_size_t,
                              POINTER(CommitResult)]),

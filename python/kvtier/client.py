@@ -459,17 +459,28 @@ class Reservation(_Handle):
         return (_lib.u8(parent), len(parent or b""), _lib.u8(packed), n,
                 arr, ns, keep)
 
+    def _set_tokens(self, token_ids) -> None:
+        if token_ids is None:
+            return
+        ids = [int(t) for t in token_ids]
+        arr = (ctypes.c_uint32 * max(1, len(ids)))(*ids)
+        check(_lib.load().kvt_reservation_set_token_ids(self._need(), arr, len(ids)),
+              "kvt_reservation_set_token_ids")
+
     def commit(self, hashes, parent: bytes | None = None,
                snapshots: Iterable[tuple[int, bytes]] = (),
-               device_snapshots: Iterable[tuple[int, bytes]] = ()) -> CommitResult:
+               device_snapshots: Iterable[tuple[int, bytes]] = (),
+               token_ids: Iterable[int] | None = None) -> CommitResult:
         """Makes the rows visible under `hashes` (one per page row) below
         `parent` (None: the first pages); `snapshots` places snapshot row
         `index` (into snapshot_rows) after the page with that hash, and
         `device_snapshots` device slot `index` (into device_snapshot_rows)
         the same way (kvt_commit_with_device; a device slot is served only
-        where the host index holds the same snapshot). REQUIRES: the rows are
-        fully written (else commit_after). On failure the reservation stays
-        open."""
+        where the host index holds the same snapshot). `token_ids` (the
+        pages' tokens, tokens_per_page each) go to the daemon's KV events
+        only. REQUIRES: the rows are fully written (else commit_after). On
+        failure the reservation stays open."""
+        self._set_tokens(token_ids)
         p, plen, h, n, arr, ns, keep = self._args(hashes, parent, snapshots)
         res = _lib.CommitResult()
         device = list(device_snapshots)
@@ -485,9 +496,11 @@ class Reservation(_Handle):
         return _commit_result(res)
 
     def commit_after(self, stream, hashes, parent: bytes | None = None,
-                     snapshots: Iterable[tuple[int, bytes]] = ()) -> PendingCommit:
+                     snapshots: Iterable[tuple[int, bytes]] = (),
+                     token_ids: Iterable[int] | None = None) -> PendingCommit:
         """As commit, once `stream`'s queued work has finished, without
         blocking (stream None: now, on libkvtier's worker)."""
+        self._set_tokens(token_ids)
         p, plen, h, n, arr, ns, keep = self._args(hashes, parent, snapshots)
         out = c_void_p()
         check(_lib.load().kvt_commit_after(self._need(), c_void_p(_after_handle(stream)),

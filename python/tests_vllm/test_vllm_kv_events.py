@@ -98,3 +98,51 @@ def test_live_batches_decode_under_the_topic(sample):
     assert int.from_bytes(seq, "big") >= 4  # after the four fixed batches
     check_first(decoder.decode(payload))
     sub.close(linger=0)
+
+
+def test_the_daemons_events_decode(tmp_path):
+    """A real kvtierd publishing what a commit through libkvtier stored, with
+    the commit's token ids, as vLLM's classes read it."""
+    import kvtier
+
+    pub = f"ipc://{tmp_path}/events"
+    replay = f"ipc://{tmp_path}/events-replay"
+    flags = [f"--kv_events_endpoint={pub}",
+             f"--kv_events_replay_endpoint={replay}"]
+    with kvtier.Daemon(kvtierd=os.environ["KVTIERD"], flags=flags) as d, \
+            kvtier.Client(socket=d.socket) as client:
+        layout = kvtier.Layout(tokens_per_page=16, num_layers=1,
+                               page_banks=(kvtier.BankLayout("kv", 4096),),
+                               model="events")
+        ns = client.attach("llama", layout, page_rows=8)
+        hashes = [bytes([i + 1]) * 32 for i in range(3)]
+        res = ns.reserve(3)
+        with pytest.raises(kvtier.InvalidArgumentError, match="token_ids"):
+            res.commit(hashes, token_ids=range(5))  # not 16 per page
+        res.commit(hashes, token_ids=range(500, 548))
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.RCVTIMEO, 10000)
+        sock.connect(replay)
+        decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+        stored = []
+        # The batch may still be on its way to the publisher's thread: ask
+        # again until it is there (bounded by count).
+        for _ in range(100):
+            sock.send_multipart([b"", (0).to_bytes(8, "big")])
+            while True:
+                _, seq, payload = sock.recv_multipart()
+                if int.from_bytes(seq, "big", signed=True) == -1:
+                    break
+                stored += decoder.decode(payload).events
+            if stored:
+                break
+        sock.close(linger=0)
+        assert len(stored) == 1, stored
+        (e,) = stored
+        assert isinstance(e, BlockStored)
+        assert e.block_hashes == hashes
+        assert e.parent_block_hash is None
+        assert e.token_ids == list(range(500, 548))
+        assert e.block_size == 16
+        assert e.medium == "CPU"

@@ -194,6 +194,12 @@ uint32_t kvt_reservation_num_page_rows(const kvt_reservation* r);
 const uint32_t* kvt_reservation_page_rows(const kvt_reservation* r);
 uint32_t kvt_reservation_num_snapshot_rows(const kvt_reservation* r);
 const uint32_t* kvt_reservation_snapshot_rows(const kvt_reservation* r);
+/* The pages' token ids (tokens_per_page per page, in order), sent with the
+ * reservation's commit for the daemon's KV events (routers hash blocks from
+ * them); never stored. Optional; copied. */
+kvt_status kvt_reservation_set_token_ids(kvt_reservation* r,
+                                         const uint32_t* token_ids,
+                                         size_t num_token_ids);
 /* Commits now and frees the handle on success (on failure the reservation
  * stays open: retry, or kvt_abort). */
 kvt_status kvt_commit(kvt_reservation* r, const uint8_t* parent,

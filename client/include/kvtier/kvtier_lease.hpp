@@ -144,6 +144,13 @@ class Reservation {
             kvt_reservation_num_device_snapshot_rows(h_.get())};
   }
 
+  // The pages' token ids (tokens_per_page per page), sent with the commit
+  // for the daemon's KV events only (kvt_reservation_set_token_ids).
+  Status SetTokenIds(const std::vector<uint32_t>& token_ids) {
+    return Status::FromC(kvt_reservation_set_token_ids(
+        h_.get(), token_ids.data(), token_ids.size()));
+  }
+
   // Makes the rows visible under `hashes` (one per page row, hash_bytes
   // each, packed) below `parent` (empty: first pages). REQUIRES: the rows
   // are fully written. `device_snaps` place device pool slots the way

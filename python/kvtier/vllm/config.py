@@ -39,6 +39,10 @@ KEYS: dict[str, tuple[tuple[type, ...], object, str]] = {
                         "vLLM layout name"),
     "client_name": ((str,), "vllm",
                     "shown to operators (kvtierctl status)"),
+    "kv_event_tokens": ((bool,), False,
+                        "send each stored page's token ids with its commit, "
+                        "for kvtierd's KV events (--kv_events_endpoint): "
+                        "BlockStored then carries them to routers"),
 }
 
 STORE_POLICIES = ("all", "none")
@@ -62,6 +66,7 @@ class ConnectorConfig:
     retry_s: float = 5.0
     kv_cache_layout: str = "auto"
     client_name: str = "vllm"
+    kv_event_tokens: bool = False
     fault: str = ""
 
     @classmethod
@@ -84,7 +89,8 @@ class ConnectorConfig:
                 values[key] = None
                 continue
             # bool is an int subclass: never accept it for a number.
-            if isinstance(value, bool) or not isinstance(value, types):
+            if (isinstance(value, bool) and bool not in types) or \
+                    not isinstance(value, types):
                 names = " or ".join(t.__name__ for t in types)
                 raise ValueError(f"{where}[{key!r}]: expected {names}, got "
                                  f"{type(value).__name__} {value!r}")

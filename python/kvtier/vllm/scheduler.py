@@ -238,8 +238,12 @@ class KvtierScheduler:
             if computed_after != full * self.bs or full > len(mamba) or mamba[full - 1] == 0:
                 return None
             snapshot_block = mamba[full - 1]
+        tokens = ()
+        if self.config.kv_event_tokens:
+            tokens = tuple(int(x) for x in
+                           t.request.all_token_ids[first * self.bs:full * self.bs])
         job = StoreJob(req_id, first, tuple(attn[first:full]), tuple(new_hashes),
-                       parent, snapshot_block)
+                       parent, snapshot_block, tokens)
         t.stored_pages = full
         return job
 

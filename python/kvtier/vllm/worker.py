@@ -54,6 +54,9 @@ class StoreJob:
     hashes: tuple[bytes, ...]
     parent: bytes | None = None
     snapshot_block: int | None = None
+    # The pages' token ids (config kv_event_tokens), for the daemon's KV
+    # events; empty: none sent.
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass
@@ -235,12 +238,14 @@ class KvtierWorker:
                                              stream)
                     placements = [(0, job.hashes[-1])]
                 if stream is None:
-                    res.commit(job.hashes, parent=job.parent, snapshots=placements)
+                    res.commit(job.hashes, parent=job.parent, snapshots=placements,
+                               token_ids=job.token_ids or None)
                     self._report.stored.append((job.req_id, job.first_page,
                                                 len(job.hashes)))
                 else:
                     pending = res.commit_after(stream, job.hashes, parent=job.parent,
-                                               snapshots=placements)
+                                               snapshots=placements,
+                                               token_ids=job.token_ids or None)
                     import torch
                     copied = torch.cuda.Event()
                     copied.record(stream)

@@ -47,6 +47,10 @@ class KvEventSink {
  public:
   virtual ~KvEventSink() = default;
   virtual void Publish(std::string topic, std::vector<KvEvent> events) = 0;
+  // Batches sent, and batches dropped (queue full, send failed), for
+  // /metrics.
+  virtual uint64_t published() const = 0;
+  virtual uint64_t dropped() const = 0;
 };
 
 }  // namespace kvtier::daemon

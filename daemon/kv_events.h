@@ -78,8 +78,8 @@ class KvEventPublisher : public KvEventSink {
   // The endpoints as bound (a "tcp://*:0" request shows its port).
   const std::string& endpoint() const { return endpoint_; }
   const std::string& replay_endpoint() const { return replay_endpoint_; }
-  uint64_t published() const { return published_.load(); }
-  uint64_t dropped() const { return dropped_.load(); }
+  uint64_t published() const override { return published_.load(); }
+  uint64_t dropped() const override { return dropped_.load(); }
 
  private:
   struct Impl;  // the ZMQ context and sockets (kv_events.cc)

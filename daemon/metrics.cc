@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/kv_event_types.h"
 #include "daemon/tier_core.h"
 #include "prometheus/collectable.h"
 #include "prometheus/exposer.h"
@@ -265,6 +266,19 @@ std::vector<MetricFamily> MetricsExporter::Impl::Collect() const {
         &index_pages, &index_snaps, &index_prefixes, &ns_sessions, &leases,
         &reservations, &holds, &restart_waiting, &rows, &row_bytes}) {
     out.push_back(f->Take());
+  }
+  // KV events (daemon/kv_events.h), when the daemon publishes them.
+  if (const KvEventSink* ev = core->kv_events(); ev != nullptr) {
+    Family batches("kvtier_kv_event_batches_total",
+                   "KV event batches for routers, by outcome: published, or "
+                   "dropped (queue full or send failed; a subscriber can "
+                   "replay only what was published)",
+                   MetricType::Counter);
+    batches.Value({L("outcome", "published")},
+                  static_cast<double>(ev->published()));
+    batches.Value({L("outcome", "dropped")},
+                  static_cast<double>(ev->dropped()));
+    out.push_back(batches.Take());
   }
   // The fence across namespaces (tier_core.h, "fence").
   const TierCore::FenceCounters fc = core->GetFenceCounters();

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/kv_event_types.h"
 #include "daemon/tier_core.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -344,6 +345,33 @@ TEST_F(MetricsExporterTest, ExportsTheFastLookupSocketsCounters) {
   EXPECT_EQ(Sample("kvtier_fast_lookup_connections{state=\"pending\"}"),
             pending + 3);
   AddFastLookupConnections(-3, -1);
+}
+
+// A sink that only counts.
+class CountingSink : public KvEventSink {
+ public:
+  void Publish(std::string, std::vector<KvEvent>) override {}
+  uint64_t published() const override { return 7; }
+  uint64_t dropped() const override { return 2; }
+};
+
+TEST_F(MetricsExporterTest, ExportsTheKvEventCountsWhenThereIsASink) {
+  EXPECT_EQ(ParseMetrics(exporter_->Render())
+                .count("kvtier_kv_event_batches_total{outcome=\"published\"}"),
+            0u);  // No sink: no family.
+  CountingSink sink;
+  exporter_.reset();
+  core_.reset();
+  TierOptions o;
+  o.segments.shm_dir = dir_;
+  o.segments.huge_pages = shm::HugePagePolicy::kOff;
+  o.kv_events = &sink;
+  core_ = std::make_unique<TierCore>(o);
+  exporter_ = std::make_unique<MetricsExporter>(core_.get());
+  EXPECT_EQ(Sample("kvtier_kv_event_batches_total{outcome=\"published\"}"), 7);
+  EXPECT_EQ(Sample("kvtier_kv_event_batches_total{outcome=\"dropped\"}"), 2);
+  exporter_.reset();
+  core_.reset();  // Before `sink` goes.
 }
 
 TEST_F(MetricsExporterTest, ServesTheTextOverHttp) {

@@ -260,6 +260,8 @@ class TierCore {
 
   // The fence's figures for Stats and the metrics.
   FenceCounters GetFenceCounters();
+  // The KV event sink (TierOptions::kv_events), or nullptr.
+  const KvEventSink* kv_events() const { return options_.kv_events; }
 
   // Rebuilds the namespaces recorded in options.state_dir: reopens their
   // segments, checks each segment's content nonce against the journal,

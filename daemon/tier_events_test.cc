@@ -27,6 +27,8 @@ class RecordingSink : public KvEventSink {
     absl::MutexLock lock(&mu_);
     for (KvEvent& e : events) got_.emplace_back(topic, std::move(e));
   }
+  uint64_t published() const override { return 0; }
+  uint64_t dropped() const override { return 0; }
   std::vector<std::pair<std::string, KvEvent>> Take() {
     absl::MutexLock lock(&mu_);
     return std::exchange(got_, {});

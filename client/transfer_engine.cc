@@ -192,6 +192,20 @@ absl::Status IssueCopies(Lane* lane, CopyDirection direction)
   return absl::OkStatus();
 }
 
+// Forks the lane's copy stream off `caller`, enqueues lane->copies there as
+// one batch and joins the caller's stream to its end, the join also after a
+// failure (see StagedPages). The copy-engine path and snapshots.
+absl::Status ForkCopiesJoin(Lane* lane, CopyDirection direction,
+                            cudaStream_t caller)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane->mu) {
+  absl::Status status = Record(lane->fork, caller);
+  if (status.ok()) status = Wait(lane->copy_stream, lane->fork);
+  if (status.ok()) status = IssueCopies(lane, direction);
+  absl::Status join = Record(lane->done, lane->copy_stream);
+  if (join.ok()) join = Wait(caller, lane->done);
+  return status.ok() ? join : status;
+}
+
 #endif  // KVTIER_HAVE_CUDA
 
 }  // namespace
@@ -483,19 +497,13 @@ absl::Status TransferEngine::CopyEnginePages(
     CopyDirection direction, absl::Span<const uint32_t> gpu_pages,
     absl::Span<const uint32_t> rows, void* stream) {
 #if KVTIER_HAVE_CUDA
-  // Fork onto the direction's copy stream, one batch of every run, join.
-  const cudaStream_t caller = static_cast<cudaStream_t>(stream);
+  // One batch of every run on the direction's copy stream.
   Lane& lane = staging_->lanes[direction == CopyDirection::kToHost ? 0 : 1];
   absl::MutexLock lock(&lane.mu);
   lane.copies.clear();
   plan_.PageRuns(gpu_pages, rows, &lane.copies);
-  absl::Status status = Record(lane.fork, caller);
-  if (status.ok()) status = Wait(lane.copy_stream, lane.fork);
-  if (status.ok()) status = IssueCopies(&lane, direction);
-  // Join even after a failure (see StagedPages).
-  absl::Status join = Record(lane.done, lane.copy_stream);
-  if (join.ok()) join = Wait(caller, lane.done);
-  if (status.ok()) status = join;
+  absl::Status status =
+      ForkCopiesJoin(&lane, direction, static_cast<cudaStream_t>(stream));
   if (status.ok()) slices_launched_.fetch_add(1, std::memory_order_relaxed);
   return status;
 #else
@@ -511,18 +519,12 @@ absl::Status TransferEngine::StagedSnapshot(CopyDirection direction,
                                             uint32_t slot, uint32_t row,
                                             void* stream) {
 #if KVTIER_HAVE_CUDA
-  const cudaStream_t caller = static_cast<cudaStream_t>(stream);
   Lane& lane = staging_->lanes[direction == CopyDirection::kToHost ? 0 : 1];
   absl::MutexLock lock(&lane.mu);
   lane.copies.clear();
   plan_.SnapshotCopies(slot, row, &lane.copies);
-  absl::Status status = Record(lane.fork, caller);
-  if (status.ok()) status = Wait(lane.copy_stream, lane.fork);
-  if (status.ok()) status = IssueCopies(&lane, direction);
-  // Join even after a failure (see StagedPages).
-  absl::Status join = Record(lane.done, lane.copy_stream);
-  if (join.ok()) join = Wait(caller, lane.done);
-  if (status.ok()) status = join;
+  absl::Status status =
+      ForkCopiesJoin(&lane, direction, static_cast<cudaStream_t>(stream));
   if (status.ok()) slices_launched_.fetch_add(1, std::memory_order_relaxed);
   return status;
 #else

@@ -220,9 +220,11 @@ void KvEventPublisher::Run() {
       try {
         for (const auto& [seq, payload] : impl.buffer) {
           if (seq < start) continue;
+          // Named: a buffer only points at its bytes.
+          const std::string seq_bytes = BigEndian(seq);
           std::vector<zmq::const_buffer> reply = {
               zmq::buffer(id), zmq::const_buffer(nullptr, 0),
-              zmq::buffer(BigEndian(seq)), zmq::buffer(payload)};
+              zmq::buffer(seq_bytes), zmq::buffer(payload)};
           zmq::send_multipart(*impl.replay, reply);
         }
         std::vector<zmq::const_buffer> end = {

@@ -193,8 +193,9 @@ TEST_F(KvEventsSocketTest, PublishesInOrderAndReplays) {
   replay.set(zmq::sockopt::rcvtimeo, 5000);
   replay.connect((*pub)->replay_endpoint());
   const int64_t start = probes + 1;  // the first BlockStored batch
+  const std::string start_bytes = SeqBytes(start);  // a buffer only points
   std::vector<zmq::const_buffer> req = {zmq::const_buffer(nullptr, 0),
-                                        zmq::buffer(SeqBytes(start))};
+                                        zmq::buffer(start_bytes)};
   ASSERT_TRUE(zmq::send_multipart(replay, req));
   std::vector<int64_t> seqs;
   for (;;) {

@@ -7,6 +7,7 @@ ROUTER. Runs in the vLLM venv (ctest label vllm).
 
 import os
 import subprocess
+import time
 
 import msgspec
 import pytest
@@ -29,6 +30,27 @@ def sample(tmp_path):
     assert proc.wait(timeout=30) == 0
 
 
+def replay_batches(sock, want: int):
+    """(seq, KVEventBatch) of every buffered batch, asked of the replay
+    socket until `want` are there: Publish only queues, the publisher's
+    thread sends (bounded by count: 500 asks 20 ms apart)."""
+    decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
+    for _ in range(500):
+        sock.send_multipart([b"", (0).to_bytes(8, "big")])
+        batches = []
+        while True:
+            empty, seq, payload = sock.recv_multipart()
+            assert empty == b""
+            if int.from_bytes(seq, "big", signed=True) == -1:
+                assert payload == b""
+                break
+            batches.append((int.from_bytes(seq, "big"), decoder.decode(payload)))
+        if len(batches) >= want:
+            return batches
+        time.sleep(0.02)
+    pytest.fail(f"the replay holds {len(batches)} batches, not {want}")
+
+
 def check_first(batch):
     assert isinstance(batch, KVEventBatch)
     assert batch.data_parallel_rank is None
@@ -48,16 +70,7 @@ def test_replay_decodes_every_batch(sample):
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.RCVTIMEO, 10000)
     sock.connect(replay)
-    sock.send_multipart([b"", (0).to_bytes(8, "big")])
-    decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
-    batches = []
-    while True:
-        empty, seq, payload = sock.recv_multipart()
-        assert empty == b""
-        if int.from_bytes(seq, "big", signed=True) == -1:
-            assert payload == b""
-            break
-        batches.append((int.from_bytes(seq, "big"), decoder.decode(payload)))
+    batches = replay_batches(sock, 4)
     assert [s for s, _ in batches] == [0, 1, 2, 3]
     check_first(batches[0][1])
     (child,) = batches[1][1].events
@@ -124,19 +137,7 @@ def test_the_daemons_events_decode(tmp_path):
         sock = ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.RCVTIMEO, 10000)
         sock.connect(replay)
-        decoder = msgspec.msgpack.Decoder(type=KVEventBatch)
-        stored = []
-        # The batch may still be on its way to the publisher's thread: ask
-        # again until it is there (bounded by count).
-        for _ in range(100):
-            sock.send_multipart([b"", (0).to_bytes(8, "big")])
-            while True:
-                _, seq, payload = sock.recv_multipart()
-                if int.from_bytes(seq, "big", signed=True) == -1:
-                    break
-                stored += decoder.decode(payload).events
-            if stored:
-                break
+        stored = [e for _, b in replay_batches(sock, 1) for e in b.events]
         sock.close(linger=0)
         assert len(stored) == 1, stored
         (e,) = stored

@@ -42,12 +42,12 @@ absl::StatusOr<TransferEngine*> Bench::Engine(
   if (options.path == client::TransferPath::kAuto) {
     // What an engine gets by default, per layout: say which path it is.
     const client::TransferPath p = (*e)->path();
-    Notes().push_back(absl::StrCat(
-        "layout ", b.def->key, ": path=auto takes the ",
-        p == client::TransferPath::kCopyEngine ? "copy-engine"
-        : p == client::TransferPath::kStaged   ? "staged"
-                                               : "direct",
-        " path (", (*e)->plan().page_runs(), " copies per page)"));
+    Notes().push_back(
+        absl::StrCat("layout ", b.def->key, ": path=auto takes the ",
+                     p == client::TransferPath::kCopyEngine ? "copy-engine"
+                     : p == client::TransferPath::kStaged   ? "staged"
+                                                            : "direct",
+                     " path (", (*e)->plan().page_runs(), " copies per page)"));
   } else if ((*e)->path() != options.path) {
     return absl::InternalError(
         absl::StrCat("engine took path ", static_cast<int>((*e)->path()),

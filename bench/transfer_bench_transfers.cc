@@ -117,9 +117,9 @@ absl::StatusOr<std::vector<Config>> ParseVariants(const std::string& flag) {
         } else if (p.second == "copy_engine") {
           c.options.path = client::TransferPath::kCopyEngine;
         } else {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "--kvtier_variants: path '", p.second,
-              "' is not auto, staged, direct or copy_engine"));
+          return absl::InvalidArgumentError(
+              absl::StrCat("--kvtier_variants: path '", p.second,
+                           "' is not auto, staged, direct or copy_engine"));
         }
         continue;
       }

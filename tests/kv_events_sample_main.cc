@@ -6,13 +6,17 @@
 //
 // Publishes, under topic "llama": batch 0 BlockStored (two first pages with
 // their tokens), batch 1 BlockStored (a child page, no tokens), batch 2
-// BlockRemoved (medium STORAGE), batch 3 AllBlocksCleared; then prints
-// "ready". Each stdin line afterwards publishes batch 0 again; EOF exits.
+// BlockRemoved (medium STORAGE), batch 3 AllBlocksCleared; waits until the
+// publisher's thread has sent all four (Publish only queues), then prints
+// "ready": a subscriber that connects after "ready" sees only later batches.
+// Each stdin line afterwards publishes batch 0 again; EOF exits.
 //
 // Thread-safety: single-threaded (the publisher has its own thread).
+#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "daemon/kv_events.h"
@@ -48,6 +52,16 @@ int main(int argc, char** argv) {
   (*pub)->Publish("llama", {child});
   (*pub)->Publish("llama", {removed});
   (*pub)->Publish("llama", {AllBlocksCleared{}});
+  // Bounded: 10 s in 1 ms steps; the sends are to no subscriber, so they
+  // cannot block.
+  for (int i = 0; i < 10000 && (*pub)->published() < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if ((*pub)->published() < 4) {
+    std::fprintf(stderr, "the publisher sent %llu of 4 batches\n",
+                 static_cast<unsigned long long>((*pub)->published()));
+    return 1;
+  }
   std::printf("ready\n");
   std::fflush(stdout);
   for (std::string line; std::getline(std::cin, line);) {

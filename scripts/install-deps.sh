@@ -16,6 +16,10 @@ pkgs=(
   libseccomp-dev  # tests/seccomp_exec: the unit's SystemCallFilter= in CI
   curl dpkg-dev  # Debian source packages: scripts/pic-deps.sh, scripts/tsan-abseil.sh
   libzmq3-dev cppzmq-dev libmsgpack-cxx-dev  # KV events (daemon/kv_events.h)
+  # The cluster tier (issue 17): hiredis for the client, redis-server and
+  # redis-tools (redis-cli --cluster) for the tests' real Redis Cluster,
+  # iproute2 for their network namespaces.
+  libhiredis-dev redis-server redis-tools iproute2
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -349,6 +349,17 @@ class PrefixIndex {
   // into this index. O(nodes).
   void ForEachNode(const std::function<void(const NodeView&)>& visit) const;
 
+  // From now on, every complete node that eviction removes (a leaf evicted
+  // for rows: not DropSubtree, not Clear, not a snapshot evicted alone) is
+  // shown to `observer` just before its rows are freed, as ForEachNode
+  // shows a node, so the rows still hold the committed pages: the cluster
+  // tier copies them out there (daemon/cluster_tier.h). `observer` must not
+  // call into this index. An empty function stops it. REQUIRES: exclusive
+  // access.
+  void SetEvictionObserver(std::function<void(const NodeView&)> observer) {
+    eviction_observer_ = std::move(observer);
+  }
+
   // Checks every invariant: each row of each rank in exactly one of {free,
   // allocated-uncommitted, committed}, committed rows referenced by exactly
   // one node, tree links and depths consistent, coverage prefix-closed, hash
@@ -454,6 +465,8 @@ class PrefixIndex {
                    uint32_t row);
   // Sets the node's recency, keeping its LRU set entries keyed by it.
   void SetRecency(uint32_t id, uint64_t tick, int64_t unix_ms);
+  // The node `id` (live) as ForEachNode shows it.
+  NodeView ViewOf(uint32_t id) const;
   // Removes a childless node: frees its rows, unlinks it, and puts a parent
   // left childless into the leaf LRU with max(own, child's) recency.
   void RemoveLeaf(uint32_t id);
@@ -507,7 +520,8 @@ class PrefixIndex {
   uint64_t nodes_ = 0, leaves_ = 0, snapshot_nodes_ = 0;
   uint64_t evicted_pages_ = 0, evicted_snapshots_ = 0;
   uint64_t spacing_violations_ = 0;
-  std::vector<HashKey>* removal_log_ = nullptr;  // see SetRemovalLog
+  std::vector<HashKey>* removal_log_ = nullptr;             // see SetRemovalLog
+  std::function<void(const NodeView&)> eviction_observer_;  // see above
 };
 
 // ------------------------------------------------------------ functors --

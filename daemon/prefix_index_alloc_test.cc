@@ -432,5 +432,52 @@ TEST(PrefixIndexTest, ClaimRowsValidatesAllOrNothing) {
   EXPECT_TRUE(plain->ClaimSnapshotRows(0, {}).ok());
 }
 
+TEST(PrefixIndexTest, EvictionObserverSeesCompleteNodesBeforeTheirRowsGo) {
+  // Two ranks, hybrid: the observer sees an evicted leaf with both ranks'
+  // rows (and its snapshot rows) while they are still committed to it; a
+  // dropped subtree, a snapshot evicted alone and an incomplete node
+  // (one rank only) are not shown.
+  auto index = Make(Config(/*page_rows=*/3, /*snapshot_rows=*/2,
+                           /*tp_size=*/2));
+  struct Seen {
+    HashKey key;
+    std::vector<uint32_t> page_rows, snapshot_rows;
+  };
+  std::vector<Seen> seen;
+  index->SetEvictionObserver([&](const PrefixIndex::NodeView& v) {
+    seen.push_back(
+        {*v.key, std::vector<uint32_t>(v.page_rows.begin(), v.page_rows.end()),
+         std::vector<uint32_t>(v.snapshot_rows.begin(),
+                               v.snapshot_rows.end())});
+  });
+  const auto a = Chain(1, 1);
+  const auto b = Chain(2, 1);
+  const auto c = Chain(3, 1);
+  Put(*index, 0, nullptr, a, {0});
+  Put(*index, 1, nullptr, a, {0});
+  const std::vector<uint32_t> a0 = RowsOf(*index, a, 0);
+  const std::vector<uint32_t> a1 = RowsOf(*index, a, 1);
+  Put(*index, 0, nullptr, c);  // Rank 0 only: incomplete.
+  Put(*index, 0, nullptr, b);
+  Put(*index, 1, nullptr, b);
+  // Rank 1 still has a free row; rank 0 has none: a (the LRU leaf) goes.
+  ASSERT_TRUE(index->AllocatePageRows(0, 1).ok());
+  ASSERT_EQ(seen.size(), 1u);
+  EXPECT_EQ(seen[0].key.bytes, a[0].bytes);
+  EXPECT_EQ(seen[0].page_rows, (std::vector<uint32_t>{a0[0], a1[0]}));
+  ASSERT_EQ(seen[0].snapshot_rows.size(), 2u);
+  EXPECT_NE(seen[0].snapshot_rows[0], kNoRow);
+  EXPECT_NE(seen[0].snapshot_rows[1], kNoRow);
+  // The incomplete c (older than b) goes next: not shown.
+  ASSERT_TRUE(index->AllocatePageRows(0, 1).ok());
+  EXPECT_EQ(seen.size(), 1u);
+  EXPECT_EQ(index->Lookup(c, 0).matched_pages, 0u);
+  // A dropped subtree is not shown either.
+  ASSERT_TRUE(index->DropSubtree(b[0]).ok());
+  EXPECT_EQ(seen.size(), 1u);
+  index->SetEvictionObserver({});
+  EXPECT_TRUE(index->CheckInvariants().ok());
+}
+
 }  // namespace
 }  // namespace kvtier::daemon::index_testing

@@ -82,6 +82,7 @@ bool PrefixIndex::EvictSnapshotsFor(uint32_t rank, uint32_t n) {
 void PrefixIndex::EvictLeaf(uint32_t id) {
   ++evicted_pages_;
   if (N(id).snapshot_ranks != 0) ++evicted_snapshots_;
+  if (eviction_observer_ && Complete(N(id))) eviction_observer_(ViewOf(id));
   RemoveLeaf(id);
 }
 

@@ -126,6 +126,22 @@ std::vector<PrefixIndex::PrefixInfo> PrefixIndex::ListPrefixes(
   return out;
 }
 
+PrefixIndex::NodeView PrefixIndex::ViewOf(uint32_t id) const {
+  const Node& n = N(id);
+  NodeView view;
+  view.id = id;
+  view.parent = n.parent;
+  view.depth = n.depth;
+  view.key = &n.key;
+  view.page_rows = absl::MakeConstSpan(node_pool_.PageRows(id), ranks_);
+  if (hybrid_) {
+    view.snapshot_rows =
+        absl::MakeConstSpan(node_pool_.SnapshotRows(id), ranks_);
+  }
+  view.last_use_tick = n.tick;
+  return view;
+}
+
 void PrefixIndex::ForEachNode(
     const std::function<void(const NodeView&)>& visit) const {
   // Pre-order from each first page: a parent is always visited before its
@@ -138,18 +154,7 @@ void PrefixIndex::ForEachNode(
       const uint32_t id = stack.back();
       stack.pop_back();
       const Node& n = N(id);
-      NodeView view;
-      view.id = id;
-      view.parent = n.parent;
-      view.depth = n.depth;
-      view.key = &n.key;
-      view.page_rows = absl::MakeConstSpan(node_pool_.PageRows(id), ranks_);
-      if (hybrid_) {
-        view.snapshot_rows =
-            absl::MakeConstSpan(node_pool_.SnapshotRows(id), ranks_);
-      }
-      view.last_use_tick = n.tick;
-      visit(view);
+      visit(ViewOf(id));
       for (uint32_t c = n.first_child; c != kNoNode; c = N(c).next_sibling) {
         stack.push_back(c);
       }

@@ -84,7 +84,7 @@ run: build
 	$(BUILD)/daemon/kvtierd --flagfile=deploy/dev.flags
 
 test: build pydeps vllm-deps
-	cd $(BUILD) && KVTIER_REQUIRE_PYTHON=1 KVTIER_REQUIRE_USERS=1 ctest --output-on-failure -j$(JOBS) --timeout 600
+	cd $(BUILD) && KVTIER_REQUIRE_PYTHON=1 KVTIER_REQUIRE_USERS=1 KVTIER_REQUIRE_REDIS=1 ctest --output-on-failure -j$(JOBS) --timeout 600
 
 # The vLLM suite alone (ctest label vllm: real vLLM engines on the CPU).
 test-vllm: build vllm-deps

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
+#include "cli/cluster_status.h"
 #include "cli/table.h"
 #include "google/protobuf/util/json_util.h"
 #include "grpcpp/client_context.h"
@@ -127,6 +128,7 @@ std::string RenderStatus(const v1::StatsResponse& stats) {
                                   "drop --force ",
                     u.name(), ")\n");
   }
+  absl::StrAppend(&out, RenderClusterStatus(stats.cluster()));
   if (stats.namespaces_size() == 0) return out;
   absl::StrAppend(&out, "\n", RenderNamespaces(stats.namespaces()), "\n");
   Table t({{"NAMESPACE", kL},

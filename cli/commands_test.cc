@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -112,6 +113,40 @@ TEST(RenderTest, StatusWithoutNamespacesIsOneLine) {
   EXPECT_EQ(RenderStatus(stats),
             "kvtierd 0.1.0, up 0s, 1 session, 0 namespaces, 0 B of banks, "
             "0 B cached (-)\n");
+}
+
+TEST(RenderTest, StatusShowsTheClusterTierAndItsRedisNodes) {
+  v1::StatsResponse stats;
+  stats.set_version("0.1.0");
+  v1::ClusterTierStatus* c = stats.mutable_cluster();
+  c->set_enabled(true);
+  c->set_covered_slots(16384);
+  c->set_spilled_values(1200);
+  c->set_spilled_bytes(3ull << 30);
+  c->set_spills_dropped(4);
+  c->set_rejected_values(1);
+  c->set_prefetches(3);
+  c->set_prefetched_pages(96);
+  for (int i = 0; i < 3; ++i) {
+    v1::ClusterTierStatus::Node* n = c->add_nodes();
+    n->set_address(absl::StrCat("10.0.0.", i + 1, ":6379"));
+    n->set_master(true);
+    n->set_up(i != 1);
+    n->set_slots(i == 2 ? 5462 : 5461);
+    if (i == 1) n->set_last_error("connect: Connection refused");
+  }
+  const std::string out = RenderStatus(stats);
+  EXPECT_THAT(out, HasSubstr("cluster tier: 2 of 3 Redis masters up, 16,384 "
+                             "of 16384 slots mapped, spill on eviction\n"));
+  EXPECT_THAT(out, HasSubstr("written 1,200 values (3.0 GiB), dropped 4"));
+  EXPECT_THAT(out, HasSubstr("prefetches 3 (96 pages, 0 cut short)"));
+  EXPECT_THAT(out, HasSubstr("rejected 1\n"));
+  EXPECT_THAT(out, ContainsRegex("10.0.0.2:6379 +master +DOWN +5,461 "
+                                 "+connect: Connection refused"));
+  EXPECT_THAT(out, ContainsRegex("10.0.0.3:6379 +master +up +5,462 +-"));
+  // Without a cluster tier, nothing about it.
+  stats.clear_cluster();
+  EXPECT_THAT(RenderStatus(stats), Not(HasSubstr("cluster tier")));
 }
 
 TEST(RenderTest, PrefixesShowTokensPagesSizeAndLastUse) {

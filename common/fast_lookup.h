@@ -146,8 +146,9 @@ enum class Method : uint32_t {
   kRelease = 6,
   kFence = 7,
   kDrop = 8,
+  kPrefetch = 9,
 };
-inline constexpr uint32_t kLastMethod = 8;
+inline constexpr uint32_t kLastMethod = 9;
 
 // A call, the same size as Request: a call connection reads a Request-sized
 // header and tells the two apart by the magic.

@@ -59,6 +59,7 @@ absl::Status RunEngineCall(TierCore* core, uint64_t session_id, uint32_t method,
     KVTIER_CALL(Commit)
     KVTIER_CALL(Abort)
     KVTIER_CALL(Release)
+    KVTIER_CALL(Prefetch)
     KVTIER_CALL(Fence)
     case Method::kDrop:
       // Within the session's rights (its bound credentials), as on the

@@ -26,6 +26,7 @@
 #include "daemon/device_pool.h"
 #include "daemon/fast_lookup_server.h"
 #include "daemon/kv_events.h"
+#include "daemon/kvtierd_cluster.h"
 #include "daemon/metrics.h"
 #include "daemon/server_limits.h"
 #include "daemon/systemd_notify.h"
@@ -403,6 +404,14 @@ int Main(int argc, char** argv) {
     return 2;
   }
 
+  // The cluster tier (docs/cluster.md): outlives the core, which waits for
+  // its prefetch jobs when destroyed.
+  auto cluster = kvtier::daemon::ClusterTierFromFlags();
+  if (!cluster.ok()) {
+    SPDLOG_CRITICAL("{}", cluster.status().ToString());
+    return 2;
+  }
+  options.cluster = cluster->get();
   TierCore core(options);
   // Before anything is served: namespaces and indexes from the journals.
   if (auto report = core.Recover(); !report.ok()) {

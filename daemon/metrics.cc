@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "daemon/cluster_tier.h"
 #include "daemon/kv_event_types.h"
 #include "daemon/tier_core.h"
 #include "prometheus/collectable.h"
@@ -118,6 +119,100 @@ uint64_t PageBytes(const v1::Layout& layout) {
   uint64_t b = 0;
   for (const auto& bank : layout.page_banks()) b += bank.row_bytes();
   return b;
+}
+
+// The cluster tier's families (kvtier_cluster_*; docs/cluster.md).
+void CollectCluster(const ClusterTier& cluster,
+                    std::vector<MetricFamily>* out) {
+  const ClusterCounters c = cluster.Counters();
+  auto d = [](uint64_t v) { return static_cast<double>(v); };
+  Family lookups("kvtier_cluster_lookups_total",
+                 "Remote lookups (probes of the cluster tier past the local "
+                 "match), by result: hit (found at least one page) or miss",
+                 MetricType::Counter);
+  lookups.Value({L("result", "hit")}, d(c.probes - c.probe_misses));
+  lookups.Value({L("result", "miss")}, d(c.probe_misses));
+  out->push_back(lookups.Take());
+  Family hit_pages("kvtier_cluster_hit_pages_total",
+                   "Pages remote lookups found in the cluster tier",
+                   MetricType::Counter);
+  hit_pages.Value({}, d(c.probe_hit_pages));
+  out->push_back(hit_pages.Take());
+  Family values("kvtier_cluster_values_total",
+                "Cluster-tier values (a page of one rank) by outcome: spilled "
+                "(written), spill_dropped (the spill queue was full), "
+                "spill_failed (the write failed), fetched, fetch_miss, "
+                "fetch_error (node down or past the deadline), rejected "
+                "(failed the MAC or layout check: never served)",
+                MetricType::Counter);
+  for (const auto& [outcome, v] :
+       {std::pair<const char*, uint64_t>{"spilled", c.spilled_pages},
+        {"spill_dropped", c.spills_dropped},
+        {"spill_failed", c.spills_failed},
+        {"fetched", c.fetched_values},
+        {"fetch_miss", c.fetch_misses},
+        {"fetch_error", c.fetch_errors},
+        {"rejected", c.rejected_values}}) {
+    values.Value({L("outcome", outcome)}, d(v));
+  }
+  out->push_back(values.Take());
+  Family bytes("kvtier_cluster_bytes_total",
+               "Bytes of values written to (out) and fetched from (in) the "
+               "cluster tier",
+               MetricType::Counter);
+  bytes.Value({L("direction", "out")}, d(c.spilled_bytes));
+  bytes.Value({L("direction", "in")}, d(c.fetched_bytes));
+  out->push_back(bytes.Take());
+  Family ops("kvtier_cluster_ops_total",
+             "Round trips to the cluster tier: probe (a remote lookup), "
+             "fetch (a prefetch slice's GETs)",
+             MetricType::Counter);
+  ops.Value({L("op", "probe")}, d(c.probes));
+  ops.Value({L("op", "fetch")}, d(c.fetches));
+  out->push_back(ops.Take());
+  Family seconds("kvtier_cluster_op_seconds_total",
+                 "Seconds spent in them (divide by kvtier_cluster_ops_total "
+                 "for the mean latency)",
+                 MetricType::Counter);
+  seconds.Value({L("op", "probe")}, c.probe_seconds);
+  seconds.Value({L("op", "fetch")}, c.fetch_seconds);
+  out->push_back(seconds.Take());
+  Family prefetches("kvtier_cluster_prefetches_total",
+                    "Prefetches, by outcome: complete, cut (ended before the "
+                    "last page: a miss, a refused value, no room), refused "
+                    "(too many waiting)",
+                    MetricType::Counter);
+  prefetches.Value({L("outcome", "complete")},
+                   d(c.prefetches - c.prefetches_cut));
+  prefetches.Value({L("outcome", "cut")}, d(c.prefetches_cut));
+  prefetches.Value({L("outcome", "refused")}, d(c.jobs_refused));
+  out->push_back(prefetches.Take());
+  Family prefetched("kvtier_cluster_prefetched_pages_total",
+                    "Pages prefetches committed into the host tier",
+                    MetricType::Counter);
+  prefetched.Value({}, d(c.prefetched_pages));
+  out->push_back(prefetched.Take());
+  Family queue("kvtier_cluster_spill_queue_bytes",
+               "Bytes of values waiting to be written", MetricType::Gauge);
+  queue.Value({}, d(c.spill_queue_bytes));
+  out->push_back(queue.Take());
+  const RedisCluster::State st = cluster.RedisState();
+  Family nodes("kvtier_cluster_redis_nodes",
+               "Redis Cluster nodes the daemon knows, by role and state",
+               MetricType::Gauge);
+  std::map<std::pair<std::string, std::string>, double> by;
+  for (const auto& n : st.nodes) {
+    ++by[{n.master ? "master" : "replica", n.up ? "up" : "down"}];
+  }
+  for (const auto& [k, v] : by) {
+    nodes.Value({L("role", k.first), L("state", k.second)}, v);
+  }
+  out->push_back(nodes.Take());
+  Family slots("kvtier_cluster_redis_covered_slots",
+               "Hash slots (of 16384) with a master in the daemon's slot map",
+               MetricType::Gauge);
+  slots.Value({}, d(st.covered_slots));
+  out->push_back(slots.Take());
 }
 
 }  // namespace
@@ -279,6 +374,10 @@ std::vector<MetricFamily> MetricsExporter::Impl::Collect() const {
     batches.Value({L("outcome", "dropped")},
                   static_cast<double>(ev->dropped()));
     out.push_back(batches.Take());
+  }
+  // The cluster tier (daemon/cluster_tier.h), when the daemon has one.
+  if (const ClusterTier* cluster = core->cluster(); cluster != nullptr) {
+    CollectCluster(*cluster, &out);
   }
   // The fence across namespaces (tier_core.h, "fence").
   const TierCore::FenceCounters fc = core->GetFenceCounters();

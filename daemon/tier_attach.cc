@@ -244,6 +244,11 @@ absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
       ns->reserved_snapshot_rows = 0;
       ns->index->Clear();
       ns->removed_keys.clear();
+      // A prefetch in flight stops at its next step (tier_prefetch.cc).
+      ns->dropped = true;
+      ns->prefetch_pins = 0;
+      ns->prefetch_page_rows.assign(ns->prefetch_page_rows.size(), 0);
+      ns->prefetch_snapshot_rows.assign(ns->prefetch_snapshot_rows.size(), 0);
       PublishCleared(ns->name);
       // Removed below, without locks; requests still holding ns see no
       // journal from now on.

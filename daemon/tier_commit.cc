@@ -165,6 +165,7 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
   PublishStored(
       ns, has_parent ? &parent : nullptr, keys, result->completed,
       absl::MakeConstSpan(req.token_ids().data(), req.token_ids().size()));
+  WriteThroughLocked(ns, rank, keys, r.page_rows, placements, *result);
   // Acknowledged only once journaled. When even a checkpoint fails, the
   // pages stay visible (the engine wrote them) but the engine hears
   // UNAVAILABLE: a restart may lose them.
@@ -288,6 +289,7 @@ absl::Status TierCore::AdoptMirror(const v1::CommitRequest& req,
   PublishStored(
       ns, has_parent ? &parent : nullptr, keys, result->completed,
       absl::MakeConstSpan(req.token_ids().data(), req.token_ids().size()));
+  WriteThroughLocked(ns, rank, keys, rows, {}, *result);
   absl::Status journaled;
   if (ns.journal != nullptr) {
     journaled = ns.Journal(ns.journal->AppendCommit(

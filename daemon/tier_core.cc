@@ -24,6 +24,14 @@ TierCore::TierCore(TierOptions options)
 
 TierCore::~TierCore() {
   {
+    // Prefetch jobs (tier_cluster.cc) run on the cluster tier's threads,
+    // which outlive this core: stop them and wait until none runs.
+    absl::MutexLock lock(&jobs_mu_);
+    closing_ = true;
+    jobs_mu_.Await(absl::Condition(
+        +[](int64_t* jobs) { return *jobs == 0; }, &jobs_));
+  }
+  {
     absl::MutexLock lock(&sweeper_mu_);
     sweeper_stop_ = true;
   }

@@ -183,6 +183,16 @@ class TierCore {
                      v1::AbortResponse* response);
   absl::Status Release(const v1::ReleaseRequest& request,
                        v1::ReleaseResponse* response);
+  // Starts bringing the continuation of request.hashes past the local
+  // match from the cluster tier into the host tier, on a job thread of the
+  // ClusterTier, and returns at once (tier_cluster.cc; the contract is in
+  // tier.proto, "prefetch"). Without a cluster tier: the local match, and
+  // nothing remote. RESOURCE_EXHAUSTED when too many prefetches wait;
+  // UNAVAILABLE while the core shuts down.
+  absl::Status Prefetch(const v1::PrefetchRequest& request,
+                        v1::PrefetchResponse* response);
+  // The cluster tier (TierOptions::cluster), or nullptr.
+  ClusterTier* cluster() const { return options_.cluster; }
   // Drops the prefix subtree under `hash`, or, without one, the whole
   // namespace (FAILED_PRECONDITION while sessions are attached, unless
   // force): its journal and segments are unlinked with TierCore::mu_
@@ -393,6 +403,36 @@ class TierCore {
   // Announces that namespace `name` holds nothing any more.
   void PublishCleared(const std::string& name);
 
+  // ---- the cluster tier (tier_cluster.cc) ----
+  // Spills what eviction removes from ns (unless write-through already
+  // wrote it): installed on the index when the namespace is built.
+  void WatchEvictionsLocked(Namespace& ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
+  // Queues rank `rank`'s value of page `key` (its page row and, unless
+  // kNoRow, snapshot row) for the cluster tier: copies the rows now.
+  void SpillRowsLocked(Namespace& ns, const HashKey& key, uint32_t rank,
+                       uint32_t page_row, uint32_t snapshot_row)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
+  // With write-through: queues the pages a Commit of rank `rank` just
+  // made (keys[i] in rows[i], unless deduplicated) and their snapshots.
+  void WriteThroughLocked(
+      Namespace& ns, uint32_t rank, absl::Span<const HashKey> keys,
+      absl::Span<const uint32_t> rows,
+      absl::Span<const PrefixIndex::SnapshotPlacement> snaps,
+      const PrefixIndex::CommitResult& result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
+  // Pages of keys from `from` on that a prefetch is bringing in / that the
+  // cluster tier holds for every stored rank (consecutive).
+  uint32_t PrefetchingPages(Namespace& ns, absl::Span<const HashKey> keys,
+                            uint32_t from) ABSL_LOCKS_EXCLUDED(ns.prefetch_mu);
+  uint32_t RemotePages(const Namespace& ns, absl::Span<const HashKey> keys,
+                       uint32_t from);
+  // Stats' view of the cluster tier (operators only).
+  void FillClusterStatus(v1::ClusterTierStatus* out) const;
+  // The prefetch job: pages [from, to) of `keys` into the host tier.
+  void RunPrefetch(const std::shared_ptr<Namespace>& ns,
+                   const std::vector<HashKey>& keys, uint32_t from, uint32_t to)
+      ABSL_LOCKS_EXCLUDED(ns->mu);
+
   // ---- NUMA placement (tier_attach.cc) ----
   // The node an Attach naming `pci_bus_id` puts banks on under
   // options_.bank_numa_node: -1 for none (also when sysfs does not know the
@@ -498,6 +538,12 @@ class TierCore {
   std::atomic<uint64_t> released_confirmed_{0};
   std::atomic<uint64_t> released_gone_{0};
   std::atomic<uint64_t> restart_fences_lifted_{0};
+  // Prefetch jobs submitted to the cluster tier and not yet finished: the
+  // destructor sets closing_ (jobs then stop at their next step) and waits
+  // for none.
+  absl::Mutex jobs_mu_;
+  int64_t jobs_ ABSL_GUARDED_BY(jobs_mu_) = 0;
+  bool closing_ ABSL_GUARDED_BY(jobs_mu_) = false;
   std::atomic<uint64_t> report_mismatches_{0};
   // Held by the one Verify running (TryLock: a second is refused).
   absl::Mutex verify_mu_;

@@ -383,6 +383,7 @@ absl::StatusOr<std::shared_ptr<TierCore::Namespace>> TierCore::BuildNamespace(
   if (options_.kv_events != nullptr) {
     ns->index->SetRemovalLog(&ns->removed_keys);
   }
+  WatchEvictionsLocked(*ns);
   // A rank whose banks existed already (recovery, or files a daemon without
   // a journal left) keeps its placement: engines may map them.
   ns->numa_placed.assign(plan.stored_ranks, false);

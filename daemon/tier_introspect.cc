@@ -135,6 +135,8 @@ absl::Status TierCore::Stats(const v1::StatsRequest& req,
   resp->set_unseen_pid_processes(
       static_cast<uint32_t>(fence_->unseen_pid_processes()));
   for (auto& ns : all) FillNamespaceInfo(*ns, resp->add_namespaces());
+  // Where the node's pages go is the operator's business.
+  if (caller.operator_socket) FillClusterStatus(resp->mutable_cluster());
   return absl::OkStatus();
 }
 
@@ -278,6 +280,7 @@ absl::Status TierCore::CheckInvariants(bool pace) {
     }
     for (const auto& [id, h] : ns->holds) pins += h.pin_node != kNoNode;
     if (ns->restart_fence) pins += ns->restart_fence->pinned_nodes.size();
+    pins += ns->prefetch_pins;
     if (u.pins != pins) {
       return absl::InternalError(
           absl::StrCat("namespace '", ns->name, "': the index holds ", u.pins,
@@ -298,6 +301,10 @@ absl::Status TierCore::CheckInvariants(bool pace) {
       if (ns->restart_fence) {
         reserved_pages += ns->restart_fence->page_rows[rank].size();
         reserved_snaps += ns->restart_fence->snapshot_rows[rank].size();
+      }
+      if (rank < ns->prefetch_page_rows.size()) {  // Prefetches in flight.
+        reserved_pages += ns->prefetch_page_rows[rank];
+        reserved_snaps += ns->prefetch_snapshot_rows[rank];
       }
       if (u.allocated_page_rows[rank] != reserved_pages) {
         return absl::InternalError(

@@ -47,6 +47,23 @@ absl::Status TierCore::Lookup(const v1::LookupRequest& req,
   resp->set_has_snapshot(out.has_snapshot);
   if (out.has_snapshot) resp->set_snapshot_row(out.snapshot_row);
   resp->set_lease_id(out.lease_id);
+  if (req.remote() && options_.cluster != nullptr) {
+    // The cluster tier's continuation (tier_cluster.cc), outside every
+    // lock. A session or namespace gone meanwhile: no remote pages.
+    uint32_t rank = 0;
+    auto ns = Resolve(0, req.session_id(), req.namespace_id(), &rank);
+    std::vector<HashKey> keys;
+    if (ns.ok() && ParseHashes(req.hashes(), (*ns)->hash_bytes, kMaxLookupPages,
+                               "hashes", &keys)
+                       .ok()) {
+      const uint32_t prefetching =
+          PrefetchingPages(**ns, keys, out.matched_pages);
+      resp->set_prefetching_pages(prefetching);
+      if (prefetching == 0) {
+        resp->set_remote_pages(RemotePages(**ns, keys, out.matched_pages));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

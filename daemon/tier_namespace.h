@@ -24,6 +24,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -174,6 +175,19 @@ struct TierNamespace {
   // Keys of complete nodes removed since the last KV event was published
   // (PrefixIndex::SetRemovalLog; only with a KV event sink).
   std::vector<HashKey> removed_keys ABSL_GUARDED_BY(mu);
+  // The cluster tier's prefetches (daemon/tier_cluster.cc). Their rows in
+  // flight, per stored rank: allocated-uncommitted, no reservation's (the
+  // invariant check counts them); their pins on the chains they extend;
+  // and the hashes they are bringing in (packed bytes), which lookups
+  // report as prefetching. Lock order: mu, then prefetch_mu.
+  std::vector<uint64_t> prefetch_page_rows ABSL_GUARDED_BY(mu);
+  std::vector<uint64_t> prefetch_snapshot_rows ABSL_GUARDED_BY(mu);
+  uint64_t prefetch_pins ABSL_GUARDED_BY(mu) = 0;
+  // Set by a Drop of the whole namespace: a prefetch in flight stops (the
+  // index, its rows and pins were cleared).
+  bool dropped ABSL_GUARDED_BY(mu) = false;
+  absl::Mutex prefetch_mu ABSL_ACQUIRED_AFTER(mu);
+  absl::flat_hash_set<std::string> prefetching ABSL_GUARDED_BY(prefetch_mu);
   uint64_t committed_pages ABSL_GUARDED_BY(mu) = 0;
   uint64_t committed_snapshots ABSL_GUARDED_BY(mu) = 0;
   uint64_t dropped_pages ABSL_GUARDED_BY(mu) = 0;

@@ -20,6 +20,8 @@
 
 namespace kvtier::daemon {
 
+class ClusterTier;
+
 inline constexpr uint32_t kApiVersion = 1;
 inline constexpr uint32_t kMaxLookupPages = 1u << 20;
 inline constexpr uint32_t kMaxReservePages = 1u << 20;
@@ -74,6 +76,10 @@ struct TierOptions {
   // Where the KV events go (kvtierd --kv_events_endpoint;
   // daemon/kv_event_types.h), or nullptr for none. Outlives the TierCore.
   KvEventSink* kv_events = nullptr;
+  // The cluster tier (kvtierd --cluster_redis; daemon/cluster_tier.h), or
+  // nullptr for none. Outlives the TierCore, whose destructor waits for the
+  // prefetch jobs it submitted.
+  ClusterTier* cluster = nullptr;
   // The fence protocol's policy (daemon/fence_registry.h).
   FenceOptions fence;
   // A corrupt journal (JournalContents::corrupt): false keeps its

@@ -63,6 +63,9 @@ class TierService final : public v1::TierService::CallbackService {
   grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* context,
                                     const v1::ReleaseRequest* request,
                                     v1::ReleaseResponse* response) override;
+  grpc::ServerUnaryReactor* Prefetch(grpc::CallbackServerContext* context,
+                                     const v1::PrefetchRequest* request,
+                                     v1::PrefetchResponse* response) override;
   grpc::ServerUnaryReactor* Fence(grpc::CallbackServerContext* context,
                                   const v1::FenceRequest* request,
                                   v1::FenceResponse* response) override;

@@ -306,6 +306,12 @@ TEST_F(ReflectionCallTest, AnEnginesWholeFlowFromJson) {
   auto found = call("Lookup", absl::StrCat("{", n, ", \"hashes\": \"", hashes,
                                            "\", \"pin\": true}"));
   EXPECT_EQ(U64(*found, "usable_pages"), 2u);
+  // Without a cluster tier (--cluster_redis) a prefetch has nothing to
+  // bring: the local match, nothing remote.
+  auto prefetched =
+      call("Prefetch", absl::StrCat("{", n, ", \"hashes\": \"", hashes, "\"}"));
+  EXPECT_EQ(U64(*prefetched, "local_pages"), 2u);
+  EXPECT_EQ(U64(*prefetched, "remote_pages"), 0u);
   const uint64_t lease = U64(*found, "lease_id");
   ASSERT_NE(lease, 0u);
   call("Release", absl::StrCat("{", n, ", \"lease_id\": \"", lease, "\"}"));

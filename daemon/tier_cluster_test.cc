@@ -1,0 +1,280 @@
+// Tests of the cluster tier through TierCore (daemon/tier_cluster.cc,
+// daemon/tier_prefetch.cc): two "nodes" (cores with their own banks) share a
+// real three-master Redis Cluster; what one commits or evicts, the other
+// finds with a remote lookup and prefetches, bit for bit. Values that fail
+// their checks are misses.
+//
+// Thread-safety: single-threaded tests (the cores run their own threads).
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/cluster_value.h"
+#include "daemon/redis_cluster.h"
+#include "daemon/tier_cluster_test_util.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kvtier::daemon {
+namespace {
+
+using testing::RedisClusterFixture;
+
+class TierClusterTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!RedisClusterFixture::Available().ok()) return;
+    redis_ = new RedisClusterFixture();
+    absl::Status s = redis_->Start();
+    if (!s.ok()) {
+      delete redis_;
+      redis_ = nullptr;
+      start_error_ = new std::string(s.ToString());
+    }
+  }
+  static void TearDownTestSuite() {
+    delete redis_;
+    redis_ = nullptr;
+  }
+  void SetUp() override {
+    KVTIER_REDIS_OR_SKIP();
+    ASSERT_NE(redis_, nullptr) << (start_error_ ? *start_error_ : "");
+  }
+
+  // The key of page `page` of `hashes` at `rank` in namespace `ns`.
+  static std::string KeyOf(const std::string& ns, const v1::Layout& layout,
+                           const std::string& hashes, uint32_t page,
+                           uint32_t rank = 0) {
+    return ClusterKeyName(
+        ClusterKeyDigest(ns, LayoutFingerprint(NormalizeLayout(layout)),
+                         hashes.substr(page * 32, 32), rank));
+  }
+  // SET `value` under `key` as the administrator, on the slot's master.
+  static void Plant(const std::string& key, const std::string& value) {
+    auto master = redis_->MasterOfSlot(RedisKeySlot(key));
+    ASSERT_TRUE(master.ok()) << master.status();
+    auto r = redis_->Command(*master, {"SET", key, value});
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+  static std::string Fetch(const std::string& key) {
+    auto master = redis_->MasterOfSlot(RedisKeySlot(key));
+    EXPECT_TRUE(master.ok()) << master.status();
+    auto r = redis_->Command(*master, {"GET", key});
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : "";
+  }
+
+  static RedisClusterFixture* redis_;
+  static std::string* start_error_;
+};
+RedisClusterFixture* TierClusterTest::redis_ = nullptr;
+std::string* TierClusterTest::start_error_ = nullptr;
+
+TEST_F(TierClusterTest, WrittenThroughOnOneNodePrefetchedOnAnotherBitForBit) {
+  ClusterNode a(*redis_, /*write_through=*/true);
+  ClusterNode b(*redis_, /*write_through=*/true);
+  const v1::Layout layout = HybridLayout();
+  a.Attach("wt", layout);
+  b.Attach("wt", layout);
+  const std::string hashes = RandomHashes(20, 32, 101);
+  a.WritePages(1, "", hashes.substr(0, 12 * 32), 0);
+  a.WritePages(1, HashAt(hashes, 11, 32), hashes.substr(12 * 32), 12,
+               /*snapshot_last=*/true);
+  a.WaitSpilled(20);
+  // B holds nothing; the cluster tier holds all 20 pages.
+  v1::LookupResponse r = b.Lookup(hashes, /*remote=*/true);
+  EXPECT_EQ(r.matched_pages(), 0u);
+  EXPECT_EQ(r.remote_pages(), 20u);
+  EXPECT_EQ(r.prefetching_pages(), 0u);
+  // Without remote, nothing is asked of Redis.
+  EXPECT_EQ(b.Lookup(hashes, false).remote_pages(), 0u);
+  auto p = b.Prefetch(hashes);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->local_pages(), 0u);
+  EXPECT_EQ(p->remote_pages() + p->prefetching_pages(), 20u);
+  EXPECT_EQ(b.WaitPrefetched(hashes), 20u);
+  b.ExpectPages(1, hashes, 20, /*snapshot_page=*/19);
+  EXPECT_EQ(b.Lookup(hashes, true).usable_pages(), 20u);
+  EXPECT_TRUE(b.core().CheckInvariants().ok());
+  const ClusterCounters c = b.cluster().Counters();
+  EXPECT_EQ(c.prefetched_pages, 20u);
+  EXPECT_EQ(c.rejected_values, 0u);
+  EXPECT_EQ(c.prefetches_cut, 0u);
+  // A prefix held locally needs no prefetch.
+  auto again = b.Prefetch(hashes);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->local_pages(), 20u);
+  EXPECT_EQ(again->remote_pages(), 0u);
+}
+
+TEST_F(TierClusterTest, EvictedPagesAreSpilledAndFoundElsewhere) {
+  // A's bank holds 16 pages and does not write through: only eviction
+  // spills. The first prefix is evicted by the next two.
+  ClusterNode a(*redis_, /*write_through=*/false, TestClusterKey(),
+                /*page_rows=*/16);
+  ClusterNode b(*redis_, /*write_through=*/false);
+  const v1::Layout layout = AttentionLayout();
+  a.Attach("spill", layout);
+  b.Attach("spill", layout);
+  const std::string first = RandomHashes(8, 32, 201);
+  a.WritePages(7, "", first, 0);
+  EXPECT_EQ(a.cluster().Counters().spill_queue_bytes, 0u);
+  EXPECT_EQ(b.Lookup(first, true).remote_pages(), 0u);  // Not spilled yet.
+  a.WritePages(8, "", RandomHashes(8, 32, 202), 0);
+  a.WritePages(9, "", RandomHashes(8, 32, 203), 0);  // Evicts `first`.
+  EXPECT_EQ(a.Lookup(first, false).matched_pages(), 0u);
+  a.WaitSpilled(8);
+  EXPECT_EQ(b.Lookup(first, true).remote_pages(), 8u);
+  ASSERT_TRUE(b.Prefetch(first).ok());
+  EXPECT_EQ(b.WaitPrefetched(first), 8u);
+  b.ExpectPages(7, first, 8);
+  // A finds its own evicted prefix there too.
+  EXPECT_EQ(a.Lookup(first, true).remote_pages(), 8u);
+}
+
+TEST_F(TierClusterTest, ACorruptValueIsAMissAndEndsThePrefetchThere) {
+  ClusterNode a(*redis_, true);
+  ClusterNode b(*redis_, true);
+  const v1::Layout layout = AttentionLayout();
+  a.Attach("corrupt", layout);
+  b.Attach("corrupt", layout);
+  const std::string hashes = RandomHashes(10, 32, 301);
+  a.WritePages(3, "", hashes, 0);
+  a.WaitSpilled(10);
+  // Flip one byte of page 6's rows in Redis.
+  const std::string key = KeyOf("corrupt", layout, hashes, 6);
+  std::string value = Fetch(key);
+  ASSERT_GT(value.size(), 200u);
+  value[150] ^= 1;
+  Plant(key, value);
+  ASSERT_TRUE(b.Prefetch(hashes).ok());
+  EXPECT_EQ(b.WaitPrefetched(hashes), 6u);  // Pages 0-5, never 6.
+  b.ExpectPages(3, hashes, 6);
+  const ClusterCounters c = b.cluster().Counters();
+  EXPECT_GE(c.rejected_values, 1u);
+  EXPECT_EQ(c.prefetches_cut, 1u);
+  EXPECT_TRUE(b.core().CheckInvariants().ok());
+}
+
+TEST_F(TierClusterTest, AValuePlantedWithoutTheClusterKeyIsAMiss) {
+  // Someone who can reach Redis but lacks the key writes a well-formed
+  // value, with valid sizes and a MAC under their own secret.
+  ClusterNode b(*redis_, true);
+  const v1::Layout layout = AttentionLayout();
+  b.Attach("planted", layout);
+  const std::string hashes = RandomHashes(1, 32, 401);
+  const std::string key = KeyOf("planted", layout, hashes, 0);
+  ClusterValueShape shape;
+  shape.fingerprint = LayoutFingerprint(NormalizeLayout(layout));
+  shape.digest = ClusterKeyDigest("planted", shape.fingerprint, hashes, 0);
+  shape.bank_bytes = {1024, 100};
+  const std::string kv(1024, 'x'), scale(100, 'y');
+  std::vector<absl::string_view> banks = {kv, scale};
+  auto forged = EncodeClusterValue(TestClusterKey('Z'), shape, banks, nullptr);
+  ASSERT_TRUE(forged.ok());
+  Plant(key, *forged);
+  EXPECT_EQ(b.Lookup(hashes, true).remote_pages(), 1u);  // It exists...
+  ASSERT_TRUE(b.Prefetch(hashes).ok());
+  EXPECT_EQ(b.WaitPrefetched(hashes), 0u);  // ...and is never served.
+  EXPECT_EQ(b.cluster().Counters().rejected_values, 1u);
+  // The same value under the right key would have been accepted.
+  auto real = EncodeClusterValue(TestClusterKey(), shape, banks, nullptr);
+  ASSERT_TRUE(real.ok());
+  Plant(key, *real);
+  ASSERT_TRUE(b.Prefetch(hashes).ok());
+  EXPECT_EQ(b.WaitPrefetched(hashes), 1u);
+}
+
+TEST_F(TierClusterTest, OtherLayoutsAndNamespacesDoNotMatch) {
+  ClusterNode a(*redis_, true);
+  ClusterNode b(*redis_, true);
+  a.Attach("same-name", AttentionLayout());
+  v1::Layout other = AttentionLayout();
+  other.set_model("another-model");
+  b.Attach("same-name", other);
+  const std::string hashes = RandomHashes(4, 32, 501);
+  a.WritePages(5, "", hashes, 0);
+  a.WaitSpilled(4);
+  EXPECT_EQ(b.Lookup(hashes, true).remote_pages(), 0u);
+  ClusterNode c(*redis_, true);
+  c.Attach("other-name", AttentionLayout());
+  EXPECT_EQ(c.Lookup(hashes, true).remote_pages(), 0u);
+}
+
+TEST_F(TierClusterTest, AHitLargerThanTheFreeRowsEvictsInsteadOfStopping) {
+  ClusterNode a(*redis_, true);
+  // B's bank: 32 rows, 24 of them used by older prefixes.
+  ClusterNode b(*redis_, true, TestClusterKey(), /*page_rows=*/32);
+  const v1::Layout layout = AttentionLayout();
+  a.Attach("big", layout);
+  b.Attach("big", layout);
+  for (int i = 0; i < 3; ++i) {
+    b.WritePages(20 + i, "", RandomHashes(8, 32, 600 + i), 0);
+  }
+  const std::string hashes = RandomHashes(28, 32, 699);
+  a.WritePages(11, "", hashes, 0);
+  a.WaitSpilled(28);
+  ASSERT_TRUE(b.Prefetch(hashes).ok());
+  EXPECT_EQ(b.WaitPrefetched(hashes), 28u);  // Not cut at the 8 free rows.
+  b.ExpectPages(11, hashes, 28);
+  EXPECT_TRUE(b.core().CheckInvariants().ok());
+  // Larger than the whole bank: as much as fits, the chain's own start
+  // kept (pinned while the prefetch runs), never a wrong page.
+  const std::string huge = RandomHashes(48, 32, 700);
+  a.WritePages(12, "", huge, 0);
+  a.WaitSpilled(28 + 48);
+  ASSERT_TRUE(b.Prefetch(huge).ok());
+  const uint32_t got = b.WaitPrefetched(huge);
+  EXPECT_GE(got, 24u);
+  EXPECT_LE(got, 32u);
+  b.ExpectPages(12, huge, got);
+  EXPECT_GE(b.cluster().Counters().prefetches_cut, 1u);
+  EXPECT_TRUE(b.core().CheckInvariants().ok());
+}
+
+TEST_F(TierClusterTest, PrefetchNeedsAClusterTierAndGoodHashes) {
+  ClusterNode b(*redis_, true);
+  b.Attach("args", AttentionLayout());
+  auto empty = b.Prefetch("");
+  EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
+  auto ragged = b.Prefetch(std::string(33, 'x'));
+  EXPECT_EQ(ragged.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A core without a cluster tier answers Prefetch and remote lookups with
+// the local match and nothing remote (an unknown session is still refused).
+class NoClusterTest : public TierCoreTest {};
+
+TEST_F(NoClusterTest, PrefetchAndRemoteLookupFindNothingRemote) {
+  const uint64_t s = Open();
+  const v1::AttachResponse a = Attach(s, "plain", AttentionLayout());
+  const std::string hashes = RandomHashes(3, 32, 7);
+  auto res = Reserve(s, a.namespace_id(), 2);
+  ASSERT_TRUE(res.ok());
+  ASSERT_TRUE(Commit(s, a.namespace_id(), res->reservation_id(), "",
+                     hashes.substr(0, 64))
+                  .ok());
+  v1::PrefetchRequest req;
+  req.set_session_id(s);
+  req.set_namespace_id(a.namespace_id());
+  req.set_hashes(hashes);
+  v1::PrefetchResponse resp;
+  ASSERT_TRUE(core_->Prefetch(req, &resp).ok());
+  EXPECT_EQ(resp.local_pages(), 2u);
+  EXPECT_EQ(resp.remote_pages(), 0u);
+  EXPECT_EQ(resp.prefetching_pages(), 0u);
+  v1::LookupRequest lr;
+  lr.set_session_id(s);
+  lr.set_namespace_id(a.namespace_id());
+  lr.set_hashes(hashes);
+  lr.set_remote(true);
+  v1::LookupResponse look;
+  ASSERT_TRUE(core_->Lookup(lr, &look).ok());
+  EXPECT_EQ(look.matched_pages(), 2u);
+  EXPECT_EQ(look.remote_pages(), 0u);
+  req.set_session_id(s + 1);
+  EXPECT_EQ(core_->Prefetch(req, &resp).code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace kvtier::daemon

@@ -1,0 +1,302 @@
+// TierCore's prefetch job (tier_cluster.cc starts it): pages of a chain
+// fetched from the cluster tier, checked, copied into newly allocated rows
+// and committed, slice by slice.
+//
+// Per slice: (1) fetch every rank's value of its pages, with no lock, and
+// keep the leading pages whose values all pass DecodeClusterValue; (2) under
+// the namespace's lock, pin the chain's end (the page before the slice),
+// allocate the rows (evicting as a Reserve would) and journal them as
+// reserved; (3) copy with no lock: the rows are allocated-uncommitted and
+// this job's alone, invisible to lookups and to every reservation; (4) under
+// the lock, commit them for every rank and journal the commit, then move the
+// pin to the slice's last page. A dropped namespace (its index cleared) or a
+// core shutting down ends the job at its next step; so does anything that
+// fails: what was committed stays, the rest is a miss.
+//
+// Thread-safety: runs on a ClusterTier job thread; takes the namespace's
+// locks as tier_core.h orders them.
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "daemon/cluster_tier.h"
+#include "daemon/cluster_value.h"
+#include "daemon/tier_core.h"
+#include "spdlog/spdlog.h"
+
+namespace kvtier::daemon {
+namespace {
+
+std::string Bytes(const HashKey& key, uint32_t hash_bytes) {
+  return std::string(reinterpret_cast<const char*>(key.bytes.data()),
+                     hash_bytes);
+}
+
+// One slice's checked values: values[p * ranks + r] and their rows.
+struct Slice {
+  std::vector<std::string> values;
+  std::vector<DecodedClusterValue> decoded;
+  uint32_t pages = 0;  // Leading pages whose every rank passed.
+};
+
+}  // namespace
+
+void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
+                           const std::vector<HashKey>& keys, uint32_t from,
+                           uint32_t to) {
+  Namespace& ns = *nsp;
+  ClusterTier* cluster = options_.cluster;
+  const uint32_t ranks = ns.stored_ranks;
+  const size_t banks = ns.layout.page_banks_size();
+  std::vector<ClusterValueShape> shapes;  // Per rank, digest set per page.
+  uint64_t page_bytes = 0;
+  for (uint32_t r = 0; r < ranks; ++r) {
+    ClusterValueShape s;
+    s.fingerprint = ns.fingerprint;
+    s.rank = r;
+    for (const auto& b : ns.layout.page_banks()) {
+      s.bank_bytes.push_back(b.row_bytes());
+    }
+    s.snapshot_bytes = ns.layout.snapshot_row_bytes();
+    page_bytes += ClusterValueBytes(s, true);
+    shapes.push_back(std::move(s));
+  }
+  const uint32_t slice_pages = static_cast<uint32_t>(std::max<uint64_t>(
+      1, std::min<uint64_t>(cluster->options().prefetch_slice_pages,
+                            cluster->options().prefetch_slice_bytes /
+                                std::max<uint64_t>(1, page_bytes))));
+  uint32_t pos = from;
+  uint64_t committed = 0;
+  bool cut = false;
+  uint32_t pin = kNoNode;  // Our pin on the chain's end, once taken.
+  auto closing = [this] {
+    absl::MutexLock lock(&jobs_mu_);
+    return closing_;
+  };
+  while (pos < to) {
+    if (closing()) {
+      cut = true;
+      break;
+    }
+    const uint32_t n = std::min(slice_pages, to - pos);
+    // (1) Fetch and check.
+    std::vector<std::string> names;
+    names.reserve(size_t{n} * ranks);
+    for (uint32_t p = 0; p < n; ++p) {
+      for (uint32_t r = 0; r < ranks; ++r) {
+        names.push_back(ClusterKeyName(ClusterKeyDigest(
+            ns.name, ns.fingerprint, Bytes(keys[pos + p], ns.hash_bytes), r)));
+      }
+    }
+    std::vector<absl::StatusOr<std::string>> fetched = cluster->Fetch(names);
+    Slice slice;
+    slice.values.resize(fetched.size());
+    for (size_t i = 0; i < fetched.size(); ++i) {
+      if (fetched[i].ok()) slice.values[i] = *std::move(fetched[i]);
+    }
+    bool bad = false;
+    for (uint32_t p = 0; p < n && !bad; ++p) {
+      for (uint32_t r = 0; r < ranks; ++r) {
+        const size_t i = size_t{p} * ranks + r;
+        if (!fetched[i].ok()) {
+          bad = true;
+          break;
+        }
+        ClusterValueShape& shape = shapes[r];
+        shape.digest = ClusterKeyDigest(ns.name, ns.fingerprint,
+                                        Bytes(keys[pos + p], ns.hash_bytes), r);
+        auto d = DecodeClusterValue(cluster->key(), slice.values[i], shape);
+        if (!d.ok()) {
+          cluster->CountRejected();
+          SPDLOG_WARN(
+              "namespace '{}': cluster value of page {} rank {} "
+              "refused: {}",
+              ns.name, pos + p, r, d.status().ToString());
+          bad = true;
+          break;
+        }
+        slice.decoded.push_back(*std::move(d));
+      }
+      if (!bad) slice.pages = p + 1;
+    }
+    const uint32_t good = slice.pages;
+    if (good == 0) {
+      cut = true;
+      break;
+    }
+    // (2) Pin the chain's end, allocate and journal.
+    std::vector<std::vector<uint32_t>> page_rows(ranks), snap_rows(ranks);
+    std::vector<std::vector<uint32_t>> snap_pages(ranks);  // Page of each.
+    for (uint32_t p = 0; p < good; ++p) {
+      for (uint32_t r = 0; r < ranks; ++r) {
+        if (slice.decoded[size_t{p} * ranks + r].has_snapshot) {
+          snap_pages[r].push_back(p);
+        }
+      }
+    }
+    HashKey parent;
+    const bool has_parent = pos > 0;
+    if (has_parent) parent = keys[pos - 1];
+    {
+      absl::MutexLock lock(&ns.mu);
+      if (ns.dropped) {
+        pin = kNoNode;  // Cleared with the index.
+        cut = true;
+        break;
+      }
+      if (has_parent && pin == kNoNode) {
+        const uint32_t node = ns.index->NodeOf(parent);
+        if (node == kNoNode) {  // The local match's end went meanwhile.
+          cut = true;
+          break;
+        }
+        ns.index->Pin(node);
+        ++ns.prefetch_pins;
+        pin = node;
+      }
+      ns.ApplyPendingTouches();
+      absl::Status failed;
+      uint32_t r = 0;
+      for (; r < ranks; ++r) {
+        auto rows = ns.index->AllocateRows(
+            r, good, static_cast<uint32_t>(snap_pages[r].size()));
+        if (!rows.ok()) {
+          failed = rows.status();
+          break;
+        }
+        page_rows[r] = std::move(rows->page_rows);
+        snap_rows[r] = std::move(rows->snapshot_rows);
+        if (ns.journal != nullptr) {
+          failed = ns.Journal(
+              ns.journal->AppendReserve(r, page_rows[r], snap_rows[r]));
+          if (!failed.ok()) {
+            ++r;
+            break;
+          }
+        }
+      }
+      if (!failed.ok()) {
+        for (uint32_t q = 0; q < r; ++q) {
+          (void)ns.index->FreePageRows(q, page_rows[q]);
+          (void)ns.index->FreeSnapshotRows(q, snap_rows[q]);
+        }
+        PublishRemoved(ns);
+        SPDLOG_INFO("namespace '{}': prefetch stops after {} pages: {}",
+                    ns.name, committed, failed.ToString());
+        cut = true;
+        break;
+      }
+      for (uint32_t q = 0; q < ranks; ++q) {
+        ns.prefetch_page_rows[q] += page_rows[q].size();
+        ns.prefetch_snapshot_rows[q] += snap_rows[q].size();
+      }
+      PublishRemoved(ns);  // What the allocation evicted.
+    }
+    // (3) Copy: the rows are this job's alone.
+    for (uint32_t r = 0; r < ranks; ++r) {
+      size_t s = 0;
+      for (uint32_t p = 0; p < good; ++p) {
+        const DecodedClusterValue& d = slice.decoded[size_t{p} * ranks + r];
+        for (size_t b = 0; b < banks; ++b) {
+          std::memcpy(ns.segments[r][b]->row(page_rows[r][p]),
+                      d.banks[b].data(), d.banks[b].size());
+        }
+        if (d.has_snapshot) {
+          std::memcpy(ns.segments[r][banks]->row(snap_rows[r][s++]),
+                      d.snapshot.data(), d.snapshot.size());
+        }
+      }
+    }
+    // (4) Commit every rank, journal, move the pin.
+    const absl::Span<const HashKey> slice_keys(keys.data() + pos, good);
+    {
+      absl::MutexLock lock(&ns.mu);
+      if (ns.dropped) {
+        pin = kNoNode;
+        cut = true;
+        break;
+      }
+      bool failed = false;
+      for (uint32_t r = 0; r < ranks; ++r) {
+        ns.prefetch_page_rows[r] -= page_rows[r].size();
+        ns.prefetch_snapshot_rows[r] -= snap_rows[r].size();
+        std::vector<PrefixIndex::SnapshotPlacement> placements;
+        for (size_t s = 0; s < snap_pages[r].size(); ++s) {
+          placements.push_back({snap_rows[r][s], slice_keys[snap_pages[r][s]]});
+        }
+        auto result =
+            failed ? absl::StatusOr<PrefixIndex::CommitResult>(
+                         absl::AbortedError("an earlier rank failed"))
+                   : ns.index->Commit(r, has_parent ? &parent : nullptr,
+                                      slice_keys, page_rows[r], placements);
+        if (!result.ok()) {
+          if (!failed) {
+            SPDLOG_WARN("namespace '{}': prefetch commit: {}", ns.name,
+                        result.status().ToString());
+          }
+          failed = true;
+          (void)ns.index->FreePageRows(r, page_rows[r]);
+          (void)ns.index->FreeSnapshotRows(r, snap_rows[r]);
+          continue;
+        }
+        PublishStored(ns, has_parent ? &parent : nullptr, slice_keys,
+                      result->completed, {});
+        if (ns.journal != nullptr) {
+          (void)ns.Journal(ns.journal->AppendCommit(
+              r, has_parent ? &parent : nullptr, slice_keys, page_rows[r],
+              placements, result->freed_page_rows,
+              result->freed_snapshot_rows));
+        }
+        ns.committed_pages += result->committed_pages;
+        ns.committed_snapshots += result->committed_snapshots;
+      }
+      if (failed) {
+        cut = true;
+        break;
+      }
+      const uint32_t node = ns.index->NodeOf(slice_keys.back());
+      if (node != kNoNode) {
+        ns.index->Pin(node);
+        ++ns.prefetch_pins;
+      }
+      if (pin != kNoNode) {
+        (void)ns.index->Unpin(pin);
+        --ns.prefetch_pins;
+      }
+      pin = node;
+    }
+    {
+      absl::MutexLock lock(&ns.prefetch_mu);
+      for (const HashKey& k : slice_keys) {
+        ns.prefetching.erase(Bytes(k, ns.hash_bytes));
+      }
+    }
+    committed += good;
+    pos += good;
+    if (good < n) {
+      cut = true;
+      break;
+    }
+  }
+  {
+    absl::MutexLock lock(&ns.mu);
+    if (pin != kNoNode && !ns.dropped) {
+      (void)ns.index->Unpin(pin);
+      --ns.prefetch_pins;
+    }
+  }
+  {
+    absl::MutexLock lock(&ns.prefetch_mu);
+    for (uint32_t i = pos; i < to; ++i) {
+      ns.prefetching.erase(Bytes(keys[i], ns.hash_bytes));
+    }
+  }
+  cluster->CountPrefetch(committed, cut);
+  SPDLOG_DEBUG("namespace '{}': prefetched {} of {} pages", ns.name, committed,
+               to - from);
+}
+
+}  // namespace kvtier::daemon

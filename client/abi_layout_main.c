@@ -149,6 +149,12 @@ int main(void) {
   FIELD(kvt_mirror_options, backend);
   end_struct();
 
+  BEGIN(kvt_prefetch_result);
+  FIELD(kvt_prefetch_result, local_pages);
+  FIELD(kvt_prefetch_result, remote_pages);
+  FIELD(kvt_prefetch_result, prefetching_pages);
+  end_struct();
+
   printf("\n  },\n  \"enum_size\": %zu,\n  \"constants\": {",
          sizeof(kvt_status));
   CONSTANT(KVT_OK);

@@ -1,5 +1,6 @@
 // libkvtier's C ABI over the C++ API: argument checks, status codes and a
 // thread-local last-error string. Nothing here throws across the boundary.
+// The cluster tier's remote lookup and prefetch are here beside kvt_lookup.
 // Device pools and device snapshots are in c_api_device_pool.cc, mirrors in
 // c_api_mirror.cc.
 //
@@ -312,6 +313,40 @@ int32_t kvt_lease_has_snapshot(const kvt_lease* l) {
 }
 uint32_t kvt_lease_snapshot_row(const kvt_lease* l) {
   return l == nullptr ? 0 : l->lease.snapshot_row();
+}
+
+kvt_status kvt_lookup_remote(kvt_namespace* ns, const uint8_t* hashes,
+                             size_t num_hashes, int32_t pin, kvt_lease** out) {
+  KVT_REQUIRE(ns != nullptr, "ns: NULL");
+  KVT_REQUIRE(out != nullptr, "out: NULL");
+  KVT_REQUIRE(hashes != nullptr || num_hashes == 0, "hashes: NULL");
+  auto lease = ns->ns->LookupRemote(
+      Bytes(hashes, num_hashes * ns->ns->hasher().hash_bytes()), pin != 0);
+  if (!lease.ok()) return Set(lease.status());
+  *out = new kvt_lease{*std::move(lease)};
+  return Set(absl::OkStatus());
+}
+
+uint32_t kvt_lease_remote_pages(const kvt_lease* l) {
+  return l == nullptr ? 0 : l->lease.remote_pages();
+}
+uint32_t kvt_lease_prefetching_pages(const kvt_lease* l) {
+  return l == nullptr ? 0 : l->lease.prefetching_pages();
+}
+
+kvt_status kvt_prefetch(kvt_namespace* ns, const uint8_t* hashes,
+                        size_t num_hashes, kvt_prefetch_result* out) {
+  KVT_REQUIRE(ns != nullptr, "ns: NULL");
+  KVT_REQUIRE(hashes != nullptr || num_hashes == 0, "hashes: NULL");
+  auto r = ns->ns->Prefetch(
+      Bytes(hashes, num_hashes * ns->ns->hasher().hash_bytes()));
+  if (!r.ok()) return Set(r.status());
+  if (out != nullptr) {
+    out->local_pages = r->local_pages;
+    out->remote_pages = r->remote_pages;
+    out->prefetching_pages = r->prefetching_pages;
+  }
+  return Set(absl::OkStatus());
 }
 
 kvt_status kvt_lease_release(kvt_lease* lease, void* stream) {

@@ -1,8 +1,11 @@
 // Tests of libkvtier's C ABI (linked against libkvtier.so itself): status
-// codes and last-error messages for bad arguments, and a whole
-// attach/hash/reserve/commit/lookup/rehydrate flow through C calls.
+// codes and last-error messages for bad arguments, a whole
+// attach/hash/reserve/commit/lookup/rehydrate flow through C calls, and the
+// cluster tier's remote lookup and prefetch against a daemon without one.
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -194,6 +197,113 @@ TEST_F(CApiTest, WholeFlowThroughTheCAbi) {
   EXPECT_EQ(kvt_evict(t, bad_page, got, 1, nullptr), KVT_INVALID_ARGUMENT);
   kvt_transfer_free(t);
   EXPECT_EQ(kvt_lease_release(lease, nullptr), KVT_OK);
+  kvt_namespace_close(ns);
+}
+
+TEST_F(CApiTest, RemoteLookupWithoutAClusterTier) {
+  kvt_namespace* ns = nullptr;
+  ASSERT_EQ(kvt_attach(client_, &options_, &ns), KVT_OK) << kvt_last_error();
+  std::vector<int32_t> tokens(5 * 4);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = 7 * i + 1;
+  std::vector<uint8_t> hashes(5 * 32);
+  size_t n = 0;
+  ASSERT_EQ(kvt_hash_tokens(ns, tokens.data(), tokens.size(), nullptr, 0,
+                            nullptr, 0, hashes.data(), hashes.size(), &n),
+            KVT_OK);
+  ASSERT_EQ(n, 5u);
+  kvt_reservation* r = nullptr;
+  ASSERT_EQ(kvt_reserve(ns, 3, 0, &r), KVT_OK) << kvt_last_error();
+  ASSERT_EQ(kvt_commit(r, nullptr, 0, hashes.data(), 3, nullptr, 0, nullptr),
+            KVT_OK)
+      << kvt_last_error();
+
+  // Bad arguments name the argument and change nothing.
+  kvt_lease* lease = nullptr;
+  EXPECT_EQ(kvt_lookup_remote(nullptr, hashes.data(), 5, 1, &lease),
+            KVT_INVALID_ARGUMENT);
+  EXPECT_THAT(kvt_last_error(), HasSubstr("ns"));
+  EXPECT_EQ(kvt_lookup_remote(ns, nullptr, 5, 1, &lease), KVT_INVALID_ARGUMENT);
+  EXPECT_THAT(kvt_last_error(), HasSubstr("hashes"));
+  EXPECT_EQ(kvt_lookup_remote(ns, hashes.data(), 5, 1, nullptr),
+            KVT_INVALID_ARGUMENT);
+  EXPECT_THAT(kvt_last_error(), HasSubstr("out"));
+  EXPECT_EQ(lease, nullptr);
+  kvt_prefetch_result pr{99, 99, 99};
+  EXPECT_EQ(kvt_prefetch(nullptr, hashes.data(), 5, &pr), KVT_INVALID_ARGUMENT);
+  EXPECT_THAT(kvt_last_error(), HasSubstr("ns"));
+  EXPECT_EQ(kvt_prefetch(ns, nullptr, 5, &pr), KVT_INVALID_ARGUMENT);
+  EXPECT_THAT(kvt_last_error(), HasSubstr("hashes"));
+  EXPECT_EQ(pr.local_pages, 99u);  // Untouched on failure.
+  EXPECT_EQ(kvt_lease_remote_pages(nullptr), 0u);
+  EXPECT_EQ(kvt_lease_prefetching_pages(nullptr), 0u);
+
+  // The local match, pinned as asked; nothing remote without a cluster tier.
+  ASSERT_EQ(kvt_lookup_remote(ns, hashes.data(), 5, 1, &lease), KVT_OK)
+      << kvt_last_error();
+  EXPECT_EQ(kvt_lease_matched_pages(lease), 3u);
+  EXPECT_EQ(kvt_lease_usable_pages(lease), 3u);
+  EXPECT_EQ(kvt_lease_remote_pages(lease), 0u);
+  EXPECT_EQ(kvt_lease_prefetching_pages(lease), 0u);
+  // Pinned: the namespace's other 29 rows can be reserved, not 30.
+  kvt_reservation* big = nullptr;
+  EXPECT_EQ(kvt_reserve(ns, 30, 0, &big), KVT_RESOURCE_EXHAUSTED);
+  ASSERT_EQ(kvt_reserve(ns, 29, 0, &big), KVT_OK) << kvt_last_error();
+  ASSERT_EQ(kvt_abort(big), KVT_OK);
+  ASSERT_EQ(kvt_lease_release(lease, nullptr), KVT_OK);
+  ASSERT_EQ(kvt_lookup_remote(ns, hashes.data(), 5, 0, &lease), KVT_OK)
+      << kvt_last_error();
+  EXPECT_EQ(kvt_lease_matched_pages(lease), 3u);
+  ASSERT_EQ(kvt_lease_release(lease, nullptr), KVT_OK);
+
+  ASSERT_EQ(kvt_lookup(ns, hashes.data(), 5, 0, &lease), KVT_OK);
+  EXPECT_EQ(kvt_lease_matched_pages(lease), 3u);
+  EXPECT_EQ(kvt_lease_remote_pages(lease), 0u);  // Not a remote lookup.
+  ASSERT_EQ(kvt_lease_release(lease, nullptr), KVT_OK);
+
+  // While the daemon is unreachable: a miss, and UNAVAILABLE.
+  daemon_.Kill();
+  for (int i = 0; i < 500 && kvt_session_alive(client_); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_EQ(kvt_session_alive(client_), 0);
+  ASSERT_EQ(kvt_lookup_remote(ns, hashes.data(), 5, 1, &lease), KVT_OK)
+      << kvt_last_error();
+  EXPECT_EQ(kvt_lease_matched_pages(lease), 0u);
+  EXPECT_EQ(kvt_lease_remote_pages(lease), 0u);
+  ASSERT_EQ(kvt_lease_release(lease, nullptr), KVT_OK);
+  EXPECT_EQ(kvt_prefetch(ns, hashes.data(), 5, &pr), KVT_UNAVAILABLE);
+  EXPECT_THAT(kvt_last_error(), HasSubstr("Prefetch"));
+  kvt_namespace_close(ns);
+}
+
+TEST_F(CApiTest, PrefetchWithoutAClusterTierStartsNothing) {
+  kvt_namespace* ns = nullptr;
+  ASSERT_EQ(kvt_attach(client_, &options_, &ns), KVT_OK) << kvt_last_error();
+  std::vector<int32_t> tokens(5 * 4);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = 11 * i + 3;
+  std::vector<uint8_t> hashes(5 * 32);
+  size_t n = 0;
+  ASSERT_EQ(kvt_hash_tokens(ns, tokens.data(), tokens.size(), nullptr, 0,
+                            nullptr, 0, hashes.data(), hashes.size(), &n),
+            KVT_OK);
+  kvt_reservation* r = nullptr;
+  ASSERT_EQ(kvt_reserve(ns, 3, 0, &r), KVT_OK) << kvt_last_error();
+  ASSERT_EQ(kvt_commit(r, nullptr, 0, hashes.data(), 3, nullptr, 0, nullptr),
+            KVT_OK)
+      << kvt_last_error();
+  kvt_prefetch_result pr{99, 99, 99};
+  ASSERT_EQ(kvt_prefetch(ns, hashes.data(), 5, &pr), KVT_OK)
+      << kvt_last_error();
+  EXPECT_EQ(pr.local_pages, 3u);
+  EXPECT_EQ(pr.remote_pages, 0u);
+  EXPECT_EQ(pr.prefetching_pages, 0u);
+  EXPECT_EQ(kvt_prefetch(ns, hashes.data(), 5, nullptr), KVT_OK)
+      << kvt_last_error();
+  kvt_lease* lease = nullptr;
+  ASSERT_EQ(kvt_lookup_remote(ns, hashes.data(), 5, 0, &lease), KVT_OK);
+  EXPECT_EQ(kvt_lease_matched_pages(lease), 3u);
+  EXPECT_EQ(kvt_lease_prefetching_pages(lease), 0u);
+  ASSERT_EQ(kvt_lease_release(lease, nullptr), KVT_OK);
   kvt_namespace_close(ns);
 }
 

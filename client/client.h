@@ -152,6 +152,17 @@ struct BankMapping {
   std::string path;
 };
 
+// What Namespace::Prefetch answered (proto/kvtier/v1/tier.proto,
+// "prefetch"), in pages of the chain it was given.
+struct PrefetchResult {
+  uint32_t local_pages = 0;  // The local match (complete on every rank).
+  // Pages past local_pages that this prefetch brings in from the cluster
+  // tier; 0 when it holds none, or when a running prefetch already brings
+  // them in (prefetching_pages says how many).
+  uint32_t remote_pages = 0;
+  uint32_t prefetching_pages = 0;
+};
+
 struct CommitResult {
   uint32_t committed_pages = 0;
   uint32_t deduplicated_pages = 0;
@@ -200,6 +211,13 @@ class Lease {
   // slot (pinned with the lease): restore it device-to-device.
   bool has_device_snapshot() const { return has_device_snapshot_; }
   uint32_t device_snapshot_row() const { return device_snapshot_row_; }
+  // From LookupRemote (0 for any other lookup): the pages past
+  // matched_pages() that the daemon's cluster tier holds for every rank, and
+  // those a running prefetch is bringing into the host tier (each
+  // consecutive from matched_pages()). Neither is pinned or readable yet:
+  // Prefetch brings the first in; later lookups see both locally.
+  uint32_t remote_pages() const { return remote_pages_; }
+  uint32_t prefetching_pages() const { return prefetching_pages_; }
   bool pinned() const { return lease_id_ != 0; }
 
   // Releases the pin now. REQUIRES: the engine's copies from these rows have
@@ -227,6 +245,8 @@ class Lease {
   uint32_t snapshot_row_ = 0;
   bool has_device_snapshot_ = false;
   uint32_t device_snapshot_row_ = 0;
+  uint32_t remote_pages_ = 0;
+  uint32_t prefetching_pages_ = 0;
 };
 
 // Rows reserved for writing; invisible until Commit. The destructor aborts a
@@ -338,6 +358,21 @@ class Namespace {
   // Always a Lookup call. While !device_pools_valid(): a host-only Lookup.
   absl::StatusOr<Lease> LookupWithDevice(std::string_view hashes,
                                          uint32_t device_pool, bool pin = true);
+  // Lookup that also asks the daemon's cluster tier (kvtierd
+  // --cluster_redis) how far the chain continues past the local match, and
+  // how much of it a running prefetch brings in (Lease::remote_pages,
+  // Lease::prefetching_pages; both 0 from a daemon without a cluster tier).
+  // Always a Lookup call, never the binary lookup frame. The local part is
+  // Lookup's: pinned as `pin` asks, a miss while the daemon is unreachable.
+  absl::StatusOr<Lease> LookupRemote(std::string_view hashes, bool pin = true);
+  // Starts bringing the continuation of `hashes` (the packed chain from its
+  // first page, as for Lookup) past the local match from the cluster tier
+  // into the host tier, and returns at once: later lookups see the pages
+  // locally, slice by slice. Without a cluster tier nothing starts
+  // (remote_pages 0). INVALID_ARGUMENT naming the field for a bad chain;
+  // UNAVAILABLE (reason kDaemonUnreachable, client/outage.h) while the
+  // daemon is unreachable or not re-attached.
+  absl::StatusOr<PrefetchResult> Prefetch(std::string_view hashes);
   // UNAVAILABLE while the daemon is unreachable or not re-attached;
   // with device_snapshots > 0 also while !device_pools_valid().
   absl::StatusOr<Reservation> Reserve(uint32_t pages, uint32_t snapshots = 0,

@@ -1,6 +1,7 @@
 // Tests of libkvtier's C++ API against a real kvtierd, host-only (no GPU
 // needed): attach maps the banks, RAII leases and reservations, deferred
-// commits, and a reference-backend round trip through the shared banks.
+// commits, a reference-backend round trip through the shared banks, and the
+// cluster tier's remote lookup and prefetch against a daemon without one.
 #include "client/client.h"
 
 #include <cstdlib>
@@ -285,6 +286,116 @@ TEST_F(ClientTest, DroppedNamespaceIsAMissOnBothPaths) {
     EXPECT_EQ(ns->Reserve(1).status().code(), absl::StatusCode::kUnavailable);
   }
   EXPECT_TRUE(client_->fast_lookup_active());  // An answer, not a failure.
+}
+
+// Against a daemon without a cluster tier, a remote lookup is the local
+// lookup (the same rows, pinned as asked) with nothing remote.
+TEST_F(ClientTest, RemoteLookupWithoutAClusterTierIsTheLocalLookup) {
+  auto ns = client_->Attach(Options("remote"));
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  const std::string hashes = (*ns)->hasher().HashChain(Tokens(8 * 16, 5));
+  auto r = (*ns)->Reserve(5);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->Commit("", hashes.substr(0, 5 * 32)).ok());
+
+  auto local = (*ns)->Lookup(hashes, /*pin=*/false);
+  ASSERT_TRUE(local.ok()) << local.status();
+  auto remote = (*ns)->LookupRemote(hashes, /*pin=*/true);
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  EXPECT_EQ(remote->matched_pages(), 5u);
+  EXPECT_EQ(remote->usable_pages(), 5u);
+  EXPECT_EQ(std::vector<uint32_t>(remote->rows().begin(), remote->rows().end()),
+            std::vector<uint32_t>(local->rows().begin(), local->rows().end()));
+  EXPECT_TRUE(remote->pinned());
+  EXPECT_EQ(remote->remote_pages(), 0u);
+  EXPECT_EQ(remote->prefetching_pages(), 0u);
+  EXPECT_EQ(local->remote_pages(), 0u);
+  // Moved, the lease keeps what the daemon answered.
+  Lease moved = *std::move(remote);
+  EXPECT_EQ(moved.matched_pages(), 5u);
+  EXPECT_TRUE(moved.pinned());
+  EXPECT_TRUE(moved.Release().ok());
+  auto unpinned = (*ns)->LookupRemote(hashes, /*pin=*/false);
+  ASSERT_TRUE(unpinned.ok()) << unpinned.status();
+  EXPECT_FALSE(unpinned->pinned());
+  EXPECT_EQ(unpinned->matched_pages(), 5u);
+}
+
+// Against a daemon without a cluster tier, a prefetch reports the local
+// match and starts nothing; a dropped namespace is an outage for the
+// engine, as for lookups and reservations.
+TEST_F(ClientTest, PrefetchWithoutAClusterTierStartsNothing) {
+  auto ns = client_->Attach(Options("prefetch"));
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  const std::string hashes = (*ns)->hasher().HashChain(Tokens(8 * 16, 9));
+  auto r = (*ns)->Reserve(5);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->Commit("", hashes.substr(0, 5 * 32)).ok());
+  auto p = (*ns)->Prefetch(hashes);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->local_pages, 5u);
+  EXPECT_EQ(p->remote_pages, 0u);
+  EXPECT_EQ(p->prefetching_pages, 0u);
+  auto after = (*ns)->LookupRemote(hashes, /*pin=*/false);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->matched_pages(), 5u);
+  EXPECT_EQ(after->prefetching_pages(), 0u);
+
+  ASSERT_TRUE(client_->Drop("prefetch", {}, /*force=*/true).ok());
+  auto lease = (*ns)->LookupRemote(hashes);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(lease->matched_pages(), 0u);
+  const absl::Status dropped = (*ns)->Prefetch(hashes).status();
+  EXPECT_EQ(dropped.code(), absl::StatusCode::kUnavailable) << dropped;
+  EXPECT_EQ(GetErrorReason(dropped), ErrorReason::kDaemonUnreachable);
+}
+
+// Bad chains are refused naming the field, and change nothing.
+TEST_F(ClientTest, RemoteLookupAndPrefetchRefuseABadChain) {
+  auto ns = client_->Attach(Options("remote-bad"));
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  const std::string hashes = (*ns)->hasher().HashChain(Tokens(3 * 16, 6));
+  auto r = (*ns)->Reserve(3);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->Commit("", hashes).ok());
+  for (const std::string& bad : {hashes.substr(0, 33), hashes + "x"}) {
+    const absl::Status p = (*ns)->Prefetch(bad).status();
+    EXPECT_EQ(p.code(), absl::StatusCode::kInvalidArgument) << p;
+    EXPECT_THAT(std::string(p.message()), ::testing::HasSubstr("hashes"));
+    const absl::Status l = (*ns)->LookupRemote(bad).status();
+    EXPECT_EQ(l.code(), absl::StatusCode::kInvalidArgument) << l;
+    EXPECT_THAT(std::string(l.message()), ::testing::HasSubstr("hashes"));
+  }
+  auto lease = (*ns)->Lookup(hashes, /*pin=*/false);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(lease->matched_pages(), 3u);
+  // Nothing stayed pinned or reserved: the whole bank can be reserved.
+  EXPECT_TRUE((*ns)->Reserve(64).ok());
+}
+
+// While the daemon is unreachable a remote lookup is a miss, like any
+// lookup, and a prefetch answers the outage status.
+TEST_F(ClientTest, DaemonDeathMakesRemoteLookupAMissAndPrefetchUnavailable) {
+  auto ns = client_->Attach(Options("remote-death"));
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  const std::string hashes = (*ns)->hasher().HashChain(Tokens(2 * 16, 7));
+  auto r = (*ns)->Reserve(2);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->Commit("", hashes).ok());
+  daemon_.Kill();
+  const absl::Time start = absl::Now();
+  while (client_->session_alive() && absl::Now() - start < absl::Seconds(5)) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  ASSERT_FALSE(client_->session_alive());
+  auto lease = (*ns)->LookupRemote(hashes);
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_EQ(lease->matched_pages(), 0u);
+  EXPECT_EQ(lease->remote_pages(), 0u);
+  EXPECT_FALSE(lease->pinned());
+  const absl::Status p = (*ns)->Prefetch(hashes).status();
+  EXPECT_EQ(p.code(), absl::StatusCode::kUnavailable) << p;
+  EXPECT_EQ(GetErrorReason(p), ErrorReason::kDaemonUnreachable);
 }
 
 }  // namespace

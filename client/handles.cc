@@ -55,6 +55,8 @@ Lease& Lease::operator=(Lease&& o) noexcept {
     snapshot_row_ = o.snapshot_row_;
     has_device_snapshot_ = o.has_device_snapshot_;
     device_snapshot_row_ = o.device_snapshot_row_;
+    remote_pages_ = o.remote_pages_;
+    prefetching_pages_ = o.prefetching_pages_;
   }
   return *this;
 }

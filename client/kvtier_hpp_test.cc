@@ -253,4 +253,60 @@ TEST_F(KvtierHppTest, TransferRoundTripsThroughTheBanks) {
   EXPECT_TRUE(lease->Release().ok());
 }
 
+// The cluster tier's calls against a daemon without one: a remote lookup
+// is the local one with nothing remote; a chain that is not whole hashes is
+// refused before any call; an unreachable daemon makes the lookup a miss
+// and the prefetch UNAVAILABLE.
+TEST_F(KvtierHppTest, RemoteLookupWithoutAClusterTier) {
+  auto ns = client_->Attach(Options("remote"));
+  ASSERT_TRUE(ns.ok()) << ns.status().message();
+  const std::vector<int32_t> tokens = Tokens(4 * 4, 300);
+  auto hashes = ns->HashTokens(tokens.data(), tokens.size());
+  ASSERT_TRUE(hashes.ok()) << hashes.status().message();
+  auto r = ns->Reserve(2);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_TRUE(r->Commit({}, hashes->substr(0, 64)).ok());
+
+  auto lease = ns->LookupRemote(*hashes);
+  ASSERT_TRUE(lease.ok()) << lease.status().message();
+  EXPECT_EQ(lease->matched_pages(), 2u);
+  EXPECT_EQ(lease->rows().size(), 2u);
+  EXPECT_EQ(lease->remote_pages(), 0u);
+  EXPECT_EQ(lease->prefetching_pages(), 0u);
+  EXPECT_TRUE(lease->Release().ok());
+  EXPECT_EQ(ns->Prefetch(hashes->substr(0, 33)).status().code(),
+            kvtier::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ns->LookupRemote(hashes->substr(0, 33)).status().code(),
+            kvtier::StatusCode::kInvalidArgument);
+
+  daemon_.Kill();
+  for (int i = 0; i < 500 && client_->session_alive(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_FALSE(client_->session_alive());
+  auto miss = ns->LookupRemote(*hashes);
+  ASSERT_TRUE(miss.ok()) << miss.status().message();
+  EXPECT_EQ(miss->matched_pages(), 0u);
+  EXPECT_EQ(ns->Prefetch(*hashes).status().code(),
+            kvtier::StatusCode::kUnavailable);
+}
+
+// Without a cluster tier a prefetch reports the local match and starts
+// nothing.
+TEST_F(KvtierHppTest, PrefetchWithoutAClusterTierStartsNothing) {
+  auto ns = client_->Attach(Options("prefetch"));
+  ASSERT_TRUE(ns.ok()) << ns.status().message();
+  const std::vector<int32_t> tokens = Tokens(4 * 4, 400);
+  auto hashes = ns->HashTokens(tokens.data(), tokens.size());
+  ASSERT_TRUE(hashes.ok()) << hashes.status().message();
+  auto r = ns->Reserve(2);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  ASSERT_TRUE(r->Commit({}, hashes->substr(0, 64)).ok());
+  auto p = ns->Prefetch(*hashes);
+  ASSERT_TRUE(p.ok()) << p.status().message();
+  EXPECT_EQ(p->local_pages, 2u);
+  EXPECT_EQ(p->remote_pages, 0u);
+  EXPECT_EQ(p->prefetching_pages, 0u);
+}
+
 }  // namespace

@@ -1,6 +1,7 @@
 // Namespace (client/client.h): lookups (binary frames, or Lookup calls),
-// reservations, mirror adoption and transfer engines over the mapped banks.
-// During an outage a lookup is a miss and a reservation UNAVAILABLE
+// the cluster tier's remote lookups and prefetches, reservations, mirror
+// adoption and transfer engines over the mapped banks. During an outage a
+// lookup is a miss, and a prefetch or a reservation UNAVAILABLE
 // (client/outage.h).
 //
 // Thread-safety: thread-safe; every call reads the shared NamespaceState,
@@ -88,8 +89,49 @@ absl::StatusOr<Lease> Namespace::LookupOverCall(v1::LookupRequest& req,
   lease.snapshot_row_ = resp.snapshot_row();
   lease.has_device_snapshot_ = resp.has_device_snapshot();
   lease.device_snapshot_row_ = resp.device_snapshot_row();
+  lease.remote_pages_ = resp.remote_pages();
+  lease.prefetching_pages_ = resp.prefetching_pages();
   lease.Track(hashes);
   return lease;
+}
+
+absl::StatusOr<Lease> Namespace::LookupRemote(std::string_view hashes,
+                                              bool pin) {
+  Lease miss;
+  miss.ns_ = state_;
+  v1::LookupRequest req;
+  uint64_t epoch = 0;
+  if (!state_->Fill(&req, &epoch)) return miss;
+  // The binary lookup frame has no room for the cluster tier's answer.
+  req.set_remote(true);
+  return LookupOverCall(req, hashes, pin, epoch);
+}
+
+absl::StatusOr<PrefetchResult> Namespace::Prefetch(std::string_view hashes) {
+  const uint32_t hash_bytes = state_->hasher->hash_bytes();
+  if (hashes.size() % hash_bytes != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Prefetch: hashes: ", hashes.size(),
+        " bytes is not a multiple of the namespace's hash size ", hash_bytes));
+  }
+  v1::PrefetchRequest req;
+  uint64_t epoch = 0;
+  if (!state_->Fill(&req, &epoch)) return state_->Unusable("Prefetch");
+  req.set_hashes(std::string(hashes));
+  v1::PrefetchResponse resp;
+  if (absl::Status s = state_->conn->Call(fastpath::Method::kPrefetch,
+                                          "Prefetch", req, &resp);
+      !s.ok()) {
+    if (OutageLike(s) || !state_->Current(epoch)) {
+      return Unreachable("Prefetch");
+    }
+    return s;
+  }
+  PrefetchResult r;
+  r.local_pages = resp.local_pages();
+  r.remote_pages = resp.remote_pages();
+  r.prefetching_pages = resp.prefetching_pages();
+  return r;
 }
 
 absl::StatusOr<Lease> Namespace::Lookup(std::string_view hashes, bool pin) {

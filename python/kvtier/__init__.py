@@ -23,7 +23,7 @@ See docs/python.md. Thread-safety: see kvtier.client.
 from ._lib import library_path
 from .client import (BankInfo, BankLayout, Client, CommitResult, Layout, Lease,
                      Namespace, PendingCommit, PoolDescriptor, PoolTensorSpec,
-                     Reservation, Transfer)
+                     PrefetchResult, Reservation, Transfer)
 from .daemon import Daemon, find_kvtierd
 from .device_pool import DevicePool, DevicePoolInfo, cuda_tensor
 from .errors import (AbortedError, AlreadyExistsError, CancelledError,
@@ -46,7 +46,7 @@ __all__ = [
     "KvtierError", "Layout", "Lease", "Mirror", "Namespace",
     "NotFoundError", "OutOfRangeError", "PendingCommit",
     "PermissionDeniedError", "PoolDescriptor", "PoolTensorSpec",
-    "Reservation", "ResourceExhaustedError", "TorchPool", "Transfer",
+    "PrefetchResult", "Reservation", "ResourceExhaustedError", "TorchPool", "Transfer",
     "UnauthenticatedError", "UnavailableError", "UnimplementedError",
     "UnknownError", "cuda_tensor", "find_kvtierd", "kv_pool_tensors",
     "library_path", "library_version", "mirror_entries", "tensor_spec",

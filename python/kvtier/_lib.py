@@ -149,6 +149,14 @@ class MirrorOptions(Structure):
     ]
 
 
+class PrefetchResult(Structure):
+    _fields_ = [
+        ("local_pages", c_uint32),
+        ("remote_pages", c_uint32),
+        ("prefetching_pages", c_uint32),
+    ]
+
+
 # Every struct of kvtier.h by its C name (tests/test_abi_layout.py compares
 # them with the header as the C compiler lays it out).
 STRUCTS = {
@@ -158,7 +166,7 @@ STRUCTS = {
     "kvt_commit_result": CommitResult, "kvt_pool_tensor": PoolTensor,
     "kvt_bank_pool": BankPool, "kvt_pool": Pool,
     "kvt_device_pool_info": DevicePoolInfo, "kvt_mirror_entry": MirrorEntry,
-    "kvt_mirror_options": MirrorOptions,
+    "kvt_mirror_options": MirrorOptions, "kvt_prefetch_result": PrefetchResult,
 }
 
 _u8p = POINTER(c_uint8)
@@ -259,6 +267,12 @@ _SIGNATURES = {
                                    c_size_t, POINTER(CommitResult)]),
     "kvt_adopt_mirror": (_status, [c_void_p, c_void_p, _u32p, c_size_t, _u8p,
                                    c_size_t, _u8p, c_size_t, POINTER(CommitResult)]),
+    # The cluster tier: remote lookups and prefetches (c_api.cc).
+    "kvt_lookup_remote": (_status, [c_void_p, _u8p, c_size_t, c_int32,
+                                    POINTER(c_void_p)]),
+    "kvt_lease_remote_pages": (c_uint32, [c_void_p]),
+    "kvt_lease_prefetching_pages": (c_uint32, [c_void_p]),
+    "kvt_prefetch": (_status, [c_void_p, _u8p, c_size_t, POINTER(PrefetchResult)]),
 }
 
 _lock = threading.Lock()

@@ -1,6 +1,7 @@
-"""Value types of the package (Layout, BankInfo, CommitResult, pool
-descriptors) and the argument conversions its handle modules share (streams,
-hashes, tokens, kvt_pool). Re-exported by kvtier.client.
+"""Value types of the package (Layout, BankInfo, CommitResult,
+PrefetchResult, pool descriptors) and the argument conversions its handle
+modules share (streams, hashes, tokens, kvt_pool). Re-exported by
+kvtier.client.
 
 Thread-safety: immutable dataclasses and pure functions.
 """
@@ -66,6 +67,17 @@ class CommitResult:
     deduplicated_pages: int
     committed_snapshots: int
     deduplicated_snapshots: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PrefetchResult:
+    """What Namespace.prefetch answered, in pages of the chain it was given:
+    the local match, the pages past it that this prefetch brings in from the
+    cluster tier (0 when it holds none, or when a running prefetch already
+    brings them in), and the pages past it a running prefetch brings in."""
+    local_pages: int
+    remote_pages: int
+    prefetching_pages: int
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,7 +41,8 @@ from ctypes import byref, c_size_t, c_void_p
 
 from . import _lib
 from ._types import (HASH_KINDS, BankInfo, BankLayout, CommitResult,  # noqa: F401
-                     Layout, PoolDescriptor, PoolTensorSpec, _after_handle,
+                     Layout, PoolDescriptor, PoolTensorSpec, PrefetchResult,
+                     _after_handle,
                      _backend, _c_pool, _commit_result, _join_hashes,
                      _stream_handle, _tokens_array)
 from .errors import check
@@ -238,17 +239,28 @@ class Namespace(_Handle):
         return [raw[i * hb:(i + 1) * hb] for i in range(n.value)]
 
     def lookup(self, hashes, pin: bool = True,
-               device_pool: int | None = None) -> "Lease":
+               device_pool: int | None = None, remote: bool = False) -> "Lease":
         """The longest cached run of `hashes` (a list of per-page hashes or
         packed bytes). With pin, the rows stay valid until the lease is
         released. With `device_pool` (an index into device_pools) the lookup
         also asks that pool for the usable snapshot
         (Lease.has_device_snapshot; kvt_lookup_with_device): as a protobuf
         Lookup call, not the binary lookup frame, and host-only while not
-        device_pools_valid."""
+        device_pools_valid. With `remote` it also asks the daemon's cluster
+        tier how far the chain continues past the local match
+        (Lease.remote_pages, Lease.prefetching_pages; kvt_lookup_remote),
+        also as a Lookup call; not together with device_pool. While the
+        daemon is unreachable any lookup is a miss."""
+        if remote and device_pool is not None:
+            raise ValueError("lookup: remote and device_pool cannot be asked "
+                             "together")
         packed, n = _join_hashes(hashes, self.hash_bytes)
         out = c_void_p()
-        if device_pool is None:
+        if remote:
+            check(_lib.load().kvt_lookup_remote(self._need(), _lib.u8(packed), n,
+                                                int(pin), byref(out)),
+                  "kvt_lookup_remote")
+        elif device_pool is None:
             check(_lib.load().kvt_lookup(self._need(), _lib.u8(packed), n,
                                          int(pin), byref(out)), "kvt_lookup")
         else:
@@ -256,6 +268,20 @@ class Namespace(_Handle):
                 self._need(), _lib.u8(packed), n, device_pool, int(pin),
                 byref(out)), "kvt_lookup_with_device")
         return self._adopt(Lease(self, out))
+
+    def prefetch(self, hashes) -> PrefetchResult:
+        """Starts bringing the continuation of `hashes` (the chain from its
+        first page, as for lookup) past the local match from the daemon's
+        cluster tier into the host tier, and returns at once (kvt_prefetch):
+        later lookups see the pages locally. Without a cluster tier nothing
+        starts (remote_pages 0). Raises UnavailableError while the daemon is
+        unreachable, ValueError for a hash of the wrong size."""
+        packed, n = _join_hashes(hashes, self.hash_bytes)
+        res = _lib.PrefetchResult()
+        check(_lib.load().kvt_prefetch(self._need(), _lib.u8(packed), n,
+                                       byref(res)), "kvt_prefetch")
+        return PrefetchResult(res.local_pages, res.remote_pages,
+                              res.prefetching_pages)
 
     def reserve(self, pages: int, snapshots: int = 0, device_snapshots: int = 0,
                 device_pool: int = 0) -> "Reservation":
@@ -374,6 +400,11 @@ class Lease(_Handle):
         self.has_device_snapshot = bool(lib.kvt_lease_has_device_snapshot(ptr))
         self.device_snapshot_row = (lib.kvt_lease_device_snapshot_row(ptr)
                                     if self.has_device_snapshot else None)
+        # From a remote lookup (0 otherwise): the pages past matched_pages
+        # that the cluster tier holds, and those a running prefetch brings
+        # in (neither pinned nor in rows yet; Namespace.prefetch).
+        self.remote_pages = lib.kvt_lease_remote_pages(ptr)
+        self.prefetching_pages = lib.kvt_lease_prefetching_pages(ptr)
 
     def release(self, stream=None) -> None:
         """Releases the pin now (stream None) or once `stream`'s queued work

@@ -1,7 +1,8 @@
 """Tests of kvtier's ctypes bindings against a real kvtierd: hashing, lookup,
 reserve/commit, page and snapshot transfers of torch tensors (the reference
-backend on CPU, the CUDA backend where a GPU exists), errors, and handle
-lifetimes."""
+backend on CPU, the CUDA backend where a GPU exists), errors, handle
+lifetimes, and the cluster tier's remote lookup and prefetch against a
+daemon without one."""
 
 import os
 import subprocess
@@ -321,6 +322,89 @@ with kvtier.Client(socket=sys.argv[1]) as c:
             ns.transfer(pool).rehydrate([0, 1], lease.rows)
     for i, t in enumerate(k):
         assert torch.all(t[:2] == i + 1) and not t[2:].any()
+
+
+# ------------------------------------------------------------ cluster tier
+
+
+def test_remote_lookup_without_a_cluster_tier(client):
+    pool = kvtier.TorchPool({"kv": kv_pool()})
+    ns = attach(client, "remote", pool, page_rows=8)
+    xfer = ns.transfer(pool)
+    h = ns.hash_tokens(list(range(5 * PAGE)))
+    with ns.reserve(3) as res:
+        xfer.evict([0, 1, 2], res.page_rows)
+        res.commit(h[:3])
+    with ns.lookup(h) as local, ns.lookup(h, remote=True) as remote:
+        assert (remote.matched_pages, remote.usable_pages) == (3, 3)
+        assert remote.rows == local.rows
+        # Nothing past the local match: the daemon has no cluster tier.
+        assert (remote.remote_pages, remote.prefetching_pages) == (0, 0)
+        assert (local.remote_pages, local.prefetching_pages) == (0, 0)
+        # Pinned as asked: the 3 rows cannot be evicted for a reservation.
+        with pytest.raises(kvtier.ResourceExhaustedError):
+            ns.reserve(6)
+    with ns.lookup(h, pin=False, remote=True) as unpinned:
+        assert unpinned.matched_pages == 3
+        ns.reserve(6).abort()  # unpinned: eviction may take them
+
+
+def test_prefetch_without_a_cluster_tier_starts_nothing(client):
+    pool = kvtier.TorchPool({"kv": kv_pool()})
+    ns = attach(client, "prefetch", pool, page_rows=8)
+    h2 = ns.hash_tokens(list(range(100, 100 + 4 * PAGE)))
+    with ns.reserve(2) as res:
+        res.commit(h2[:2])
+    r = ns.prefetch(h2)
+    assert r == kvtier.PrefetchResult(local_pages=2, remote_pages=0,
+                                      prefetching_pages=0)
+    assert ns.prefetch(b"".join(h2)) == r  # packed bytes as well
+    with ns.lookup(h2, pin=False, remote=True) as lease:
+        assert (lease.matched_pages, lease.prefetching_pages) == (2, 0)
+
+
+def test_remote_lookup_and_prefetch_refuse_bad_arguments(client):
+    pool = kvtier.TorchPool({"kv": kv_pool()})
+    ns = attach(client, "remote-bad", pool, page_rows=8)
+    h = ns.hash_tokens(list(range(2 * PAGE)))
+    with ns.reserve(2) as res:
+        res.commit(h)
+    with pytest.raises(ValueError, match=r"hashes\[1\]: 3 bytes"):
+        ns.prefetch([h[0], b"abc"])
+    with pytest.raises(ValueError, match=r"hashes\[0\]: 3 bytes"):
+        ns.lookup([b"abc"], remote=True)
+    with pytest.raises(ValueError, match="remote and device_pool"):
+        ns.lookup(h, remote=True, device_pool=0)
+    with pytest.raises(ValueError, match="33 bytes is not a multiple"):
+        ns.prefetch(b"x" * 33)  # packed bytes that are not whole hashes
+    with ns.lookup(h, pin=False, remote=True) as lease:
+        assert lease.matched_pages == 2
+    with ns.reserve(8) as res:  # nothing was left pinned or reserved
+        assert len(res.page_rows) == 8
+
+
+def test_remote_lookup_misses_and_prefetch_is_unavailable_without_daemon():
+    d = kvtier.Daemon().start()
+    try:
+        c = kvtier.Client(socket=d.socket, timeout_ms=1000)
+        pool = kvtier.TorchPool({"kv": kv_pool()})
+        ns = attach(c, "remote-down", pool, page_rows=8)
+        h = ns.hash_tokens(list(range(2 * PAGE)))
+        with ns.reserve(2) as res:
+            res.commit(h)
+        d.kill()
+        for _ in range(500):
+            if not c.session_alive:
+                break
+            time.sleep(0.01)
+        assert not c.session_alive
+        with ns.lookup(h, remote=True) as lease:
+            assert (lease.matched_pages, lease.remote_pages) == (0, 0)
+        with pytest.raises(kvtier.UnavailableError, match="Prefetch"):
+            ns.prefetch(h)
+        c.close()
+    finally:
+        d.close()
 
 
 # --------------------------------------------------------------------- CUDA

@@ -441,6 +441,45 @@ kvt_status kvt_adopt_mirror(kvt_namespace* ns, const kvt_reservation* mirror,
                             const uint8_t* hashes, size_t num_hashes,
                             kvt_commit_result* result);
 
+/* ------------------------------------------------------- cluster tier --
+ * The daemon's cluster tier (kvtierd --cluster_redis): pages that the
+ * daemons of other nodes spilled to a shared Redis Cluster. A remote lookup
+ * tells how far a chain continues there past the local match; a prefetch
+ * brings that continuation into this node's host tier asynchronously, where
+ * later lookups find it. A daemon without a cluster tier answers that it
+ * holds nothing there. */
+
+typedef struct kvt_prefetch_result {
+  uint32_t local_pages; /* the local match (complete on every rank) */
+  /* Pages past local_pages that this prefetch brings in: 0 when the cluster
+   * tier holds none, or when a running prefetch already brings them in
+   * (prefetching_pages then says how many). */
+  uint32_t remote_pages;
+  uint32_t prefetching_pages;
+} kvt_prefetch_result;
+
+/* kvt_lookup that also asks the cluster tier how far the chain continues
+ * past the local match (kvt_lease_remote_pages, kvt_lease_prefetching_pages).
+ * Always a protobuf Lookup call, never the binary lookup frame. The local
+ * part is kvt_lookup's, pinned as `pin` asks; while the daemon is
+ * unreachable, a miss (no remote pages either). */
+kvt_status kvt_lookup_remote(kvt_namespace* ns, const uint8_t* hashes,
+                             size_t num_hashes, int32_t pin, kvt_lease** out);
+/* From kvt_lookup_remote (0 for any other lookup): the pages past
+ * kvt_lease_matched_pages that the cluster tier holds for every rank, and
+ * those a running prefetch is bringing into the host tier (each consecutive
+ * from the local match; neither pinned nor readable through the lease). */
+uint32_t kvt_lease_remote_pages(const kvt_lease* lease);
+uint32_t kvt_lease_prefetching_pages(const kvt_lease* lease);
+/* Starts bringing the continuation of the chain `hashes` (num_hashes
+ * hashes from the chain's first page, as for kvt_lookup) past the local
+ * match from the cluster tier into the host tier, and returns at once:
+ * later lookups see the pages locally. Without a cluster tier nothing
+ * starts (remote_pages 0). `out` may be NULL. UNAVAILABLE while the daemon
+ * is unreachable; INVALID_ARGUMENT naming a bad argument. */
+kvt_status kvt_prefetch(kvt_namespace* ns, const uint8_t* hashes,
+                        size_t num_hashes, kvt_prefetch_result* out);
+
 #ifdef __cplusplus
 }
 #endif

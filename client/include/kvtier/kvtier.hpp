@@ -112,6 +112,17 @@ struct BankInfo {
   bool huge_pages = false;
 };
 
+// What Namespace::Prefetch answered (kvt_prefetch_result), in pages of the
+// chain it was given.
+struct PrefetchResult {
+  uint32_t local_pages = 0;  // The local match (complete on every rank).
+  // Pages past local_pages that this prefetch brings in: 0 when the cluster
+  // tier holds none, or when a running prefetch already brings them in
+  // (prefetching_pages then says how many).
+  uint32_t remote_pages = 0;
+  uint32_t prefetching_pages = 0;
+};
+
 class Namespace {
  public:
   uint64_t id() const { return kvt_namespace_id(h_.get()); }
@@ -163,6 +174,38 @@ class Namespace {
         kvt_lookup(h_.get(), internal::Bytes(hashes), n, pin ? 1 : 0, &l);
     if (s != KVT_OK) return Status::FromC(s);
     return Lease(l);
+  }
+  // Lookup that also asks the daemon's cluster tier (kvtierd
+  // --cluster_redis) how far the chain continues past the local match
+  // (Lease::remote_pages) and how much of it a running prefetch brings in
+  // (Lease::prefetching_pages); both 0 from a daemon without a cluster
+  // tier. Always a protobuf Lookup call. While the daemon is unreachable: a
+  // miss, as Lookup.
+  Result<Lease> LookupRemote(std::string_view hashes, bool pin = true) {
+    size_t n = 0;
+    if (Status s = internal::CountHashes(hashes, hash_bytes(), &n); !s.ok()) {
+      return s;
+    }
+    kvt_lease* l = nullptr;
+    const kvt_status s = kvt_lookup_remote(h_.get(), internal::Bytes(hashes), n,
+                                           pin ? 1 : 0, &l);
+    if (s != KVT_OK) return Status::FromC(s);
+    return Lease(l);
+  }
+  // Starts bringing the continuation of `hashes` (the chain from its first
+  // page, packed) past the local match from the cluster tier into the host
+  // tier, and returns at once: later lookups see the pages locally. Without
+  // a cluster tier nothing starts (remote_pages 0). UNAVAILABLE while the
+  // daemon is unreachable.
+  Result<PrefetchResult> Prefetch(std::string_view hashes) {
+    size_t n = 0;
+    if (Status s = internal::CountHashes(hashes, hash_bytes(), &n); !s.ok()) {
+      return s;
+    }
+    kvt_prefetch_result r{};
+    const kvt_status s = kvt_prefetch(h_.get(), internal::Bytes(hashes), n, &r);
+    if (s != KVT_OK) return Status::FromC(s);
+    return PrefetchResult{r.local_pages, r.remote_pages, r.prefetching_pages};
   }
   // UNAVAILABLE while the daemon is unreachable.
   Result<Reservation> Reserve(uint32_t pages, uint32_t snapshots = 0) {

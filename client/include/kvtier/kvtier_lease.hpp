@@ -6,7 +6,8 @@
 // (Lease::has_device_snapshot, Reservation::device_snapshot_rows, device
 // placements at Commit) are the C ABI's device-snapshot calls; a namespace
 // whose daemon has no device pools (kvtierd without --device_pool_bytes)
-// never has any.
+// never has any. Likewise Lease::remote_pages and prefetching_pages come
+// from the cluster tier's remote lookup (kvt_lookup_remote) alone.
 //
 // Thread-safety: as the C ABI: a Lease, Reservation or PendingCommit is used
 // by one thread at a time (different handles from different threads are
@@ -81,6 +82,14 @@ class Lease {
   }
   uint32_t device_snapshot_row() const {
     return kvt_lease_device_snapshot_row(h_.get());
+  }
+  // From Namespace::LookupRemote (0 for any other lookup): the pages past
+  // matched_pages() that the daemon's cluster tier holds for every rank,
+  // and those a running prefetch is bringing into the host tier (each
+  // consecutive from matched_pages(); neither pinned nor in rows()).
+  uint32_t remote_pages() const { return kvt_lease_remote_pages(h_.get()); }
+  uint32_t prefetching_pages() const {
+    return kvt_lease_prefetching_pages(h_.get());
   }
 
   // Releases the pin: now (stream null; REQUIRES the copies from the rows

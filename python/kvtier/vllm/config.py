@@ -43,6 +43,13 @@ KEYS: dict[str, tuple[tuple[type, ...], object, str]] = {
                         "send each stored page's token ids with its commit, "
                         "for kvtierd's KV events (--kv_events_endpoint): "
                         "BlockStored then carries them to routers"),
+    "cluster": ((bool,), False,
+                "also ask kvtierd's cluster tier (--cluster_redis): a request "
+                "whose prefix continues there waits (vLLM's 'ask again "
+                "later') while the daemon prefetches it into the host tier"),
+    "cluster_wait_ms": ((int,), 10000,
+                        "with 'cluster': the longest a request waits for its "
+                        "prefetch before it is answered from the local match"),
 }
 
 STORE_POLICIES = ("all", "none")
@@ -67,6 +74,8 @@ class ConnectorConfig:
     kv_cache_layout: str = "auto"
     client_name: str = "vllm"
     kv_event_tokens: bool = False
+    cluster: bool = False
+    cluster_wait_ms: int = 10000
     fault: str = ""
 
     @classmethod
@@ -101,6 +110,9 @@ class ConnectorConfig:
         if values["timeout_ms"] <= 0:
             raise ValueError(f"{where}['timeout_ms']: must be > 0, got "
                              f"{values['timeout_ms']}")
+        if values["cluster_wait_ms"] <= 0:
+            raise ValueError(f"{where}['cluster_wait_ms']: must be > 0, got "
+                             f"{values['cluster_wait_ms']}")
         if values["retry_s"] <= 0:
             raise ValueError(f"{where}['retry_s']: must be > 0, got {values['retry_s']}")
         if values["store"] not in STORE_POLICIES:

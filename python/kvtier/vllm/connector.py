@@ -361,6 +361,10 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if self._scheduler is None or getattr(request, "skip_reading_prefix_cache", False):
             return 0, False
         hit = self._scheduler.matched_tokens(request, num_computed_tokens)
+        if hit is None:
+            # The cluster tier's prefetch is bringing the prefix into the
+            # host tier: vLLM skips the request this step and asks again.
+            return None, False
         return hit, hit > 0
 
     def update_state_after_alloc(self, request, blocks, num_external_tokens: int):

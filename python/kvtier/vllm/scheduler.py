@@ -11,7 +11,13 @@ get_block_ids()).
   worker has copied it (released at once when vLLM allocates nothing, on
   finish, abort and preemption; a second call for the same request drops
   the first lease). Every daemon call has the configured deadline; when in
-  doubt the answer is a miss. Loads are asynchronous in vLLM's sense: the
+  doubt the answer is a miss. With `cluster` the lookup also asks the
+  daemon's cluster tier: when the request's prefix continues there (or a
+  prefetch is already bringing it in) the scheduler starts one Prefetch for
+  the request and answers None, vLLM's "ask again later", for as long as a
+  prefetch is bringing pages in (at most cluster_wait_ms); then it answers
+  from the local match, which the prefetch has grown, or not (a value that
+  failed its checks is a miss). Loads are asynchronous in vLLM's sense: the
   request waits one step while the worker copies, so that everything vLLM
   does before a forward pass (the Mamba "align" state copies among them)
   sees the loaded blocks.
@@ -46,6 +52,9 @@ class _Tracked:
     local_tokens: int = 0  # vLLM's own hit when the lease was taken
     load_sent: bool = False
     finished: bool = False
+    # With `cluster`: when this request's one prefetch stops being waited
+    # for (time.monotonic()); None until it is started.
+    prefetch_until: float | None = None
 
 
 @dataclasses.dataclass
@@ -54,6 +63,9 @@ class SchedulerStats(Counters):
     hit_tokens: int = 0
     miss_tokens: int = 0
     lookup_errors: int = 0
+    prefetches: int = 0  # prefetches started (cluster)
+    prefetch_waits: int = 0  # "ask again later" answers (cluster)
+    prefetch_errors: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,9 +114,11 @@ class KvtierScheduler:
 
     # -- lookup ----------------------------------------------------------------
 
-    def matched_tokens(self, request, num_computed_tokens: int) -> int:
+    def matched_tokens(self, request, num_computed_tokens: int) -> int | None:
         """External tokens beyond vLLM's own `num_computed_tokens` that the
-        tier holds and that are now pinned for this request (0: a miss)."""
+        tier holds and that are now pinned for this request (0: a miss), or
+        None (with `cluster` only) while a prefetch from the cluster tier is
+        bringing more of the prefix in: ask again later."""
         t = self._reqs.setdefault(request.request_id, _Tracked(request))
         self._drop_lease(t)
         if num_computed_tokens % self.bs:
@@ -123,7 +137,7 @@ class KvtierScheduler:
         self.stats.lookups += 1
         t0 = time.monotonic()
         try:
-            lease = ns.lookup(hashes, pin=True)
+            lease = ns.lookup(hashes, pin=True, remote=self.config.cluster)
             if (time.monotonic() - t0) * 1000 >= 0.9 * self.link.timeout_ms:
                 # libkvtier answers a lookup that ran out of time with a
                 # miss: a stalled daemon, so pause lookups for a while.
@@ -139,6 +153,11 @@ class KvtierScheduler:
             usable = 0
         # Pages the tier holds are not stored again.
         t.stored_pages = max(t.stored_pages, lease.matched_pages)
+        if self.config.cluster and self._await_prefetch(
+                t, ns, hashes, lease, num_computed_tokens):
+            lease.release()
+            self.stats.prefetch_waits += 1
+            return None
         if usable * self.bs <= num_computed_tokens:
             self.stats.miss_tokens += len(hashes) * self.bs - num_computed_tokens
             lease.release()
@@ -148,6 +167,36 @@ class KvtierScheduler:
         self.stats.hit_tokens += hit
         self.stats.miss_tokens += max(0, len(hashes) * self.bs - usable * self.bs)
         return hit
+
+    def _await_prefetch(self, t: _Tracked, ns, hashes: list[bytes], lease,
+                        num_computed_tokens: int) -> bool:
+        """Whether request `t` should wait for the cluster tier, given its
+        remote lookup's `lease`: the first time the prefix continues there
+        (or a prefetch already brings it in) beyond what vLLM holds, starts
+        the request's one Prefetch; later, waits while a prefetch still
+        brings pages in, up to cluster_wait_ms. Never waits again once that
+        is over, so a prefetch that ends without the pages (a value that
+        failed the daemon's checks, a full bank) leaves the local match."""
+        ahead = max(lease.remote_pages, lease.prefetching_pages)
+        if ahead == 0 or (lease.matched_pages + ahead) * self.bs <= num_computed_tokens:
+            return False
+        now = time.monotonic()
+        if t.prefetch_until is None:
+            t.prefetch_until = now + self.config.cluster_wait_ms / 1000
+            try:
+                r = ns.prefetch(hashes)
+            except KvtierError as e:
+                self.stats.prefetch_errors += 1
+                t.prefetch_until = now
+                log.debug("kvtier: prefetch failed (%s): the local match", e)
+                return False
+            self.stats.prefetches += 1
+            # Nothing to come (the cluster tier lost the pages meanwhile)
+            # unless this prefetch, a running one or one just finished
+            # brings more than the lookup saw.
+            return (r.remote_pages > 0 or r.prefetching_pages > 0
+                    or r.local_pages > lease.matched_pages)
+        return lease.prefetching_pages > 0 and now < t.prefetch_until
 
     def after_alloc(self, request, block_ids: tuple[list[int], ...],
                     num_external_tokens: int) -> None:
@@ -286,7 +335,8 @@ class KvtierScheduler:
 
     def finished(self, req_id: str) -> None:
         """The request finished, was aborted or preempted for good. A pin
-        whose load was sent stays until the worker reports the copy done."""
+        whose load was sent stays until the worker reports the copy done;
+        the rest of what is kept for it (its prefetch among it) goes."""
         t = self._reqs.get(req_id)
         if t is None:
             return

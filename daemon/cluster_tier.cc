@@ -82,9 +82,18 @@ bool ClusterTier::ClaimSpill(uint64_t bytes) {
   return true;
 }
 
-void ClusterTier::Spill(std::string key_name, std::string unsealed_value) {
+void ClusterTier::SpillPage(
+    PageEvent event, std::vector<std::pair<std::string, std::string>> values) {
+  if (values.empty()) return;
+  std::shared_ptr<PageEvent> page =
+      options_.kv_events == nullptr
+          ? nullptr
+          : std::make_shared<PageEvent>(std::move(event));
   absl::MutexLock lock(&mu_);
-  spills_.push_back({std::move(key_name), std::move(unsealed_value)});
+  for (size_t i = 0; i < values.size(); ++i) {
+    spills_.push_back({std::move(values[i].first), std::move(values[i].second),
+                       i == 0, i == 0 ? page : nullptr});
+  }
 }
 
 void ClusterTier::SpillLoop() {
@@ -99,9 +108,12 @@ void ClusterTier::SpillLoop() {
       mu_.Await(absl::Condition(&has_work));
       if (stop_) return;  // The destructor counts what is left.
       uint64_t bytes = 0;
-      while (!spills_.empty() && batch.size() < options_.spill_batch &&
-             (batch.empty() || bytes + spills_.front().value.size() <=
-                                   options_.spill_batch_bytes)) {
+      // Whole pages: a page is announced only when all its values were
+      // written together.
+      while (!spills_.empty() && (batch.empty() || !spills_.front().first ||
+                                  (batch.size() < options_.spill_batch &&
+                                   bytes + spills_.front().value.size() <=
+                                       options_.spill_batch_bytes))) {
         bytes += spills_.front().value.size();
         batch.push_back(std::move(spills_.front()));
         spills_.pop_front();
@@ -130,8 +142,33 @@ void ClusterTier::SpillLoop() {
       SPDLOG_DEBUG("cluster tier: {} of {} spills failed", failed,
                    written.size());
     }
+    Announce(batch, written);
     absl::MutexLock lock(&mu_);
     spill_bytes_ -= claimed;
+  }
+}
+
+void ClusterTier::Announce(const std::vector<Queued>& batch,
+                           const std::vector<absl::Status>& written) {
+  if (options_.kv_events == nullptr) return;
+  // Per topic, in order: the pages whose every value was written.
+  std::vector<std::pair<std::string, std::vector<KvEvent>>> events;
+  for (size_t i = 0; i < batch.size();) {
+    const std::shared_ptr<PageEvent>& page = batch[i].page;
+    size_t end = i + 1;
+    while (end < batch.size() && !batch[end].first) ++end;
+    bool ok = batch[i].first && page != nullptr && end - i == page->values;
+    for (size_t k = i; ok && k < end; ++k) ok = written[k].ok();
+    if (ok) {
+      if (events.empty() || events.back().first != page->topic) {
+        events.emplace_back(page->topic, std::vector<KvEvent>());
+      }
+      events.back().second.push_back(page->stored);
+    }
+    i = end;
+  }
+  for (auto& [topic, e] : events) {
+    options_.kv_events->Publish(topic, std::move(e));
   }
 }
 

@@ -42,6 +42,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "daemon/cluster_value.h"
+#include "daemon/kv_event_types.h"
 #include "daemon/redis_cluster.h"
 
 namespace kvtier::daemon {
@@ -65,6 +66,9 @@ struct ClusterTierOptions {
   uint64_t prefetch_slice_bytes = 64ull << 20;
   uint32_t prefetch_threads = 2;
   uint32_t max_queued_jobs = 64;
+  // Where the tier announces the pages it wrote (BlockStored, medium
+  // "STORAGE"), or nullptr. Outlives the tier.
+  KvEventSink* kv_events = nullptr;
 };
 
 // What the tier did, for Stats, `kvtierctl status` and /metrics. Each
@@ -113,10 +117,19 @@ class ClusterTier {
   // caller copies rows only then). False, counted as a dropped spill, when
   // the queue has no room: the caller builds nothing.
   bool ClaimSpill(uint64_t bytes);
-  // Queues a value built after a successful ClaimSpill(value.size()): the
-  // rows between BeginClusterValue and SealClusterValue, which the spill
-  // thread does (the MAC is computed off the caller's lock).
-  void Spill(std::string key_name, std::string unsealed_value);
+  // Queues one page's values (key name, value), each built after a
+  // successful ClaimSpill(value.size()): the rows between BeginClusterValue
+  // and SealClusterValue, which the spill thread does (the MAC is computed
+  // off the caller's lock). They are written in one batch; once every one
+  // of `event.values` values is written, the page is announced as `event`
+  // says (with kv_events; a page some of whose values were dropped is not).
+  struct PageEvent {
+    std::string topic;    // The namespace.
+    BlockStored stored;   // One block, medium STORAGE.
+    uint32_t values = 0;  // The page's values: its stored ranks.
+  };
+  void SpillPage(PageEvent event,
+                 std::vector<std::pair<std::string, std::string>> values);
 
   // ---- reads ----
   // Pages from the first of `pages` whose keys (one per stored rank,
@@ -155,7 +168,14 @@ class ClusterTier {
   struct Queued {
     std::string key;
     std::string value;
+    bool first = false;  // A page's first value.
+    // On a page's first value: the page's event (null without kv_events).
+    std::shared_ptr<PageEvent> page;
   };
+  // Publishes BlockStored (STORAGE) for the pages of `batch` whose every
+  // value `written` says was written.
+  void Announce(const std::vector<Queued>& batch,
+                const std::vector<absl::Status>& written);
   mutable absl::Mutex mu_;
   std::deque<Queued> spills_ ABSL_GUARDED_BY(mu_);
   uint64_t spill_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // Claimed, not yet written.

@@ -51,7 +51,8 @@ ABSL_FLAG(uint32_t, cluster_prefetch_threads, 2,
 
 namespace kvtier::daemon {
 
-absl::StatusOr<std::unique_ptr<ClusterTier>> ClusterTierFromFlags() {
+absl::StatusOr<std::unique_ptr<ClusterTier>> ClusterTierFromFlags(
+    KvEventSink* kv_events) {
   const std::string seeds = absl::GetFlag(FLAGS_cluster_redis);
   if (seeds.empty()) return std::unique_ptr<ClusterTier>();
   ClusterTierOptions o;
@@ -101,6 +102,7 @@ absl::StatusOr<std::unique_ptr<ClusterTier>> ClusterTierFromFlags() {
   o.spill_queue_bytes = absl::GetFlag(FLAGS_cluster_spill_queue_bytes);
   o.prefetch_slice_pages = absl::GetFlag(FLAGS_cluster_prefetch_slice_pages);
   o.prefetch_threads = absl::GetFlag(FLAGS_cluster_prefetch_threads);
+  o.kv_events = kv_events;
   const std::string key_file = absl::GetFlag(FLAGS_cluster_key_file);
   if (key_file.empty()) {
     return absl::InvalidArgumentError(

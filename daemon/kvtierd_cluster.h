@@ -17,7 +17,9 @@ namespace kvtier::daemon {
 // INVALID_ARGUMENT naming the flag for a bad value (--cluster_key_file is
 // required with --cluster_redis); the key and password files' errors
 // (cluster_value.h, ReadSecretFile).
-absl::StatusOr<std::unique_ptr<ClusterTier>> ClusterTierFromFlags();
+// `kv_events` (nullptr: none) hears what the tier writes (medium STORAGE).
+absl::StatusOr<std::unique_ptr<ClusterTier>> ClusterTierFromFlags(
+    KvEventSink* kv_events);
 
 }  // namespace kvtier::daemon
 

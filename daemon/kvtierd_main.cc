@@ -406,7 +406,7 @@ int Main(int argc, char** argv) {
 
   // The cluster tier (docs/cluster.md): outlives the core, which waits for
   // its prefetch jobs when destroyed.
-  auto cluster = kvtier::daemon::ClusterTierFromFlags();
+  auto cluster = kvtier::daemon::ClusterTierFromFlags(kv_events.get());
   if (!cluster.ok()) {
     SPDLOG_CRITICAL("{}", cluster.status().ToString());
     return 2;

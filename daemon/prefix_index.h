@@ -338,7 +338,8 @@ class PrefixIndex {
     uint32_t id = kNoNode;
     uint32_t parent = kNoNode;  // kNoNode for a first page.
     uint32_t depth = 0;
-    const HashKey* key = nullptr;  // Bytes beyond hash_bytes are zero.
+    const HashKey* key = nullptr;         // Bytes beyond hash_bytes are zero.
+    const HashKey* parent_key = nullptr;  // nullptr for a first page.
     absl::Span<const uint32_t> page_rows;
     absl::Span<const uint32_t> snapshot_rows;
     uint64_t last_use_tick = 0;

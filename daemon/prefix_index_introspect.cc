@@ -133,6 +133,7 @@ PrefixIndex::NodeView PrefixIndex::ViewOf(uint32_t id) const {
   view.parent = n.parent;
   view.depth = n.depth;
   view.key = &n.key;
+  if (n.parent != kNoNode) view.parent_key = &N(n.parent).key;
   view.page_rows = absl::MakeConstSpan(node_pool_.PageRows(id), ranks_);
   if (hybrid_) {
     view.snapshot_rows =

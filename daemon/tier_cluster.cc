@@ -62,42 +62,62 @@ void TierCore::WatchEvictionsLocked(Namespace& ns) {
   Namespace* n = &ns;  // The index, and so the observer, dies with ns.
   ns.index->SetEvictionObserver(
       [this, n](const PrefixIndex::NodeView& v) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-        // Eviction runs under n->mu, held
-        // exclusively.
+        // Eviction runs under n->mu, held exclusively.
+        std::vector<SpilledRank> ranks;
         for (uint32_t r = 0; r < n->stored_ranks; ++r) {
-          SpillRowsLocked(
-              *n, *v.key, r, v.page_rows[r],
-              v.snapshot_rows.empty() ? kNoRow : v.snapshot_rows[r]);
+          ranks.push_back(
+              {r, v.page_rows[r],
+               v.snapshot_rows.empty() ? kNoRow : v.snapshot_rows[r]});
         }
+        SpillPageLocked(*n, *v.key, v.parent_key, ranks, {}, ranks.size());
       });
 }
 
-void TierCore::SpillRowsLocked(Namespace& ns, const HashKey& key, uint32_t rank,
-                               uint32_t page_row, uint32_t snapshot_row) {
+void TierCore::SpillPageLocked(Namespace& ns, const HashKey& key,
+                               const HashKey* parent,
+                               absl::Span<const SpilledRank> ranks,
+                               absl::Span<const uint32_t> token_ids,
+                               uint32_t announce_values) {
   ClusterTier* cluster = options_.cluster;
-  if (cluster == nullptr || page_row == kNoRow) return;
-  const ClusterValueShape shape = ShapeOf(ns, key, rank);
-  const bool snapshot = snapshot_row != kNoRow && ns.hybrid();
-  if (!cluster->ClaimSpill(ClusterValueBytes(shape, snapshot))) return;
-  std::string value = BeginClusterValue(shape, snapshot);
-  const size_t banks = ns.layout.page_banks_size();
-  for (size_t b = 0; b < banks; ++b) {
-    value.append(
-        reinterpret_cast<const char*>(ns.segments[rank][b]->row(page_row)),
-        shape.bank_bytes[b]);
+  if (cluster == nullptr) return;
+  std::vector<std::pair<std::string, std::string>> values;
+  for (const SpilledRank& r : ranks) {
+    if (r.page_row == kNoRow) continue;
+    const ClusterValueShape shape = ShapeOf(ns, key, r.rank);
+    const bool snapshot = r.snapshot_row != kNoRow && ns.hybrid();
+    if (!cluster->ClaimSpill(ClusterValueBytes(shape, snapshot))) continue;
+    std::string value = BeginClusterValue(shape, snapshot);
+    const size_t banks = ns.layout.page_banks_size();
+    for (size_t b = 0; b < banks; ++b) {
+      value.append(reinterpret_cast<const char*>(
+                       ns.segments[r.rank][b]->row(r.page_row)),
+                   shape.bank_bytes[b]);
+    }
+    if (snapshot) {
+      value.append(reinterpret_cast<const char*>(
+                       ns.segments[r.rank][banks]->row(r.snapshot_row)),
+                   shape.snapshot_bytes);
+    }
+    values.emplace_back(ClusterKeyName(shape.digest), std::move(value));
   }
-  if (snapshot) {
-    value.append(reinterpret_cast<const char*>(
-                     ns.segments[rank][banks]->row(snapshot_row)),
-                 shape.snapshot_bytes);
+  ClusterTier::PageEvent event;
+  event.topic = ns.name;
+  event.values = announce_values;  // 0: never announced.
+  event.stored.block_hashes = {Bytes(key, ns.hash_bytes)};
+  if (parent != nullptr) {
+    event.stored.parent_block_hash = Bytes(*parent, ns.hash_bytes);
   }
-  cluster->Spill(ClusterKeyName(shape.digest), std::move(value));
+  event.stored.token_ids.assign(token_ids.begin(), token_ids.end());
+  event.stored.block_size = ns.layout.tokens_per_page();
+  event.stored.medium = kMediumStorage;
+  cluster->SpillPage(std::move(event), std::move(values));
 }
 
 void TierCore::WriteThroughLocked(
-    Namespace& ns, uint32_t rank, absl::Span<const HashKey> keys,
-    absl::Span<const uint32_t> rows,
+    Namespace& ns, uint32_t rank, const HashKey* parent,
+    absl::Span<const HashKey> keys, absl::Span<const uint32_t> rows,
     absl::Span<const PrefixIndex::SnapshotPlacement> snaps,
+    absl::Span<const uint32_t> token_ids,
     const PrefixIndex::CommitResult& result) {
   ClusterTier* cluster = options_.cluster;
   if (cluster == nullptr || !cluster->options().write_through) return;
@@ -110,14 +130,29 @@ void TierCore::WriteThroughLocked(
       snapshot_of[Bytes(p.hash, ns.hash_bytes)] = p.row;
     }
   }
+  const uint32_t per_page = ns.layout.tokens_per_page();
+  const bool tokens = token_ids.size() == keys.size() * per_page;
+  size_t completed = 0;  // Into result.completed (ascending).
   for (size_t i = 0; i < keys.size(); ++i) {
+    while (completed < result.completed.size() &&
+           result.completed[completed] < i) {
+      ++completed;
+    }
     const uint32_t node = ns.index->NodeOf(keys[i]);
     // Only the pages this commit placed (a deduplicated one was there
     // before, and was written then).
     if (ns.index->PageRowOf(node, rank) != rows[i]) continue;
     auto s = snapshot_of.find(Bytes(keys[i], ns.hash_bytes));
-    SpillRowsLocked(ns, keys[i], rank, rows[i],
-                    s == snapshot_of.end() ? kNoRow : s->second);
+    const SpilledRank r{rank, rows[i],
+                        s == snapshot_of.end() ? kNoRow : s->second};
+    // The rank whose commit completed the page announces it once its value
+    // is written (the other ranks' values went with their own commits).
+    const bool completes =
+        completed < result.completed.size() && result.completed[completed] == i;
+    SpillPageLocked(ns, keys[i], i > 0 ? &keys[i - 1] : parent, {&r, 1},
+                    tokens ? token_ids.subspan(i * per_page, per_page)
+                           : absl::Span<const uint32_t>(),
+                    completes ? 1 : 0);
   }
 }
 

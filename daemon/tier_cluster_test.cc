@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "daemon/cluster_value.h"
+#include "daemon/kv_event_test_util.h"
 #include "daemon/redis_cluster.h"
 #include "daemon/tier_cluster_test_util.h"
 #include "gmock/gmock.h"
@@ -199,6 +200,63 @@ TEST_F(TierClusterTest, OtherLayoutsAndNamespacesDoNotMatch) {
   ClusterNode c(*redis_, true);
   c.Attach("other-name", AttentionLayout());
   EXPECT_EQ(c.Lookup(hashes, true).remote_pages(), 0u);
+}
+
+// What the cluster tier holds is announced with medium STORAGE once written
+// (beside the host tier's CPU events): write-through pages with the
+// commit's tokens and their chain; spilled pages with their parent.
+TEST_F(TierClusterTest, WrittenPagesAreAnnouncedAsStorage) {
+  RecordingSink events;
+  auto storage = [&events] {
+    std::vector<BlockStored> out;
+    for (auto& [topic, e] : events.Take()) {
+      EXPECT_EQ(topic, "ev");
+      if (auto* s = std::get_if<BlockStored>(&e);
+          s != nullptr && s->medium == kMediumStorage) {
+        out.push_back(*s);
+      }
+    }
+    return out;
+  };
+  {
+    ClusterNode a(*redis_, true, TestClusterKey(), 64, &events);
+    a.Attach("ev", AttentionLayout());
+    const std::string hashes = RandomHashes(3, 32, 801);
+    std::vector<uint32_t> tokens;
+    for (uint32_t t = 0; t < 48; ++t) tokens.push_back(7000 + t);
+    a.WritePages(1, "", hashes, 0, false, tokens);
+    a.WaitSpilled(3);
+    const std::vector<BlockStored> got = storage();
+    ASSERT_EQ(got.size(), 3u);
+    for (uint32_t i = 0; i < 3; ++i) {
+      EXPECT_EQ(got[i].block_hashes,
+                std::vector<std::string>{HashAt(hashes, i, 32)});
+      EXPECT_EQ(got[i].parent_block_hash.value_or("none"),
+                i == 0 ? "none" : HashAt(hashes, i - 1, 32));
+      EXPECT_EQ(got[i].token_ids,
+                std::vector<uint32_t>(tokens.begin() + 16 * i,
+                                      tokens.begin() + 16 * (i + 1)));
+      EXPECT_EQ(got[i].block_size, 16u);
+    }
+  }
+  {
+    // Spilled at eviction: no tokens (the daemon keeps none), the parent
+    // from the index.
+    ClusterNode a(*redis_, false, TestClusterKey(), 4, &events);
+    a.Attach("ev", AttentionLayout());
+    const std::string old = RandomHashes(2, 32, 802);
+    a.WritePages(2, "", old, 0);
+    a.WritePages(3, "", RandomHashes(4, 32, 803), 0);  // Evicts `old`.
+    a.WaitSpilled(2);
+    std::vector<BlockStored> got = storage();
+    ASSERT_EQ(got.size(), 2u);
+    // Leaf first: page 1 (parent page 0), then page 0 (a first page).
+    EXPECT_EQ(got[0].block_hashes[0], HashAt(old, 1, 32));
+    EXPECT_EQ(got[0].parent_block_hash.value_or("none"), HashAt(old, 0, 32));
+    EXPECT_EQ(got[1].block_hashes[0], HashAt(old, 0, 32));
+    EXPECT_FALSE(got[1].parent_block_hash.has_value());
+    EXPECT_TRUE(got[1].token_ids.empty());
+  }
 }
 
 TEST_F(TierClusterTest, AHitLargerThanTheFreeRowsEvictsInsteadOfStopping) {

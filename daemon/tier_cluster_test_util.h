@@ -48,7 +48,8 @@ class ClusterNode {
  public:
   // A core whose ClusterTier talks to `redis`; `write_through` as the flag.
   ClusterNode(const testing::RedisClusterFixture& redis, bool write_through,
-              ClusterKey key = TestClusterKey(), uint64_t page_rows = 64) {
+              ClusterKey key = TestClusterKey(), uint64_t page_rows = 64,
+              KvEventSink* kv_events = nullptr) {
     char tmpl[] = "/dev/shm/kvtier-cluster-test-XXXXXX";
     EXPECT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
@@ -65,6 +66,7 @@ class ClusterNode {
     co.fetch_deadline = absl::Seconds(5);
     co.write_deadline = absl::Seconds(5);
     co.prefetch_slice_pages = 8;  // Several slices per prefix.
+    co.kv_events = kv_events;
     auto cluster = ClusterTier::Create(co, std::move(key));
     EXPECT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
@@ -73,6 +75,7 @@ class ClusterNode {
     o.segments.huge_pages = shm::HugePagePolicy::kOff;
     o.namespace_budget_bytes = 256 << 20;
     o.cluster = cluster_.get();
+    o.kv_events = kv_events;
     core_ = std::make_unique<TierCore>(o);
     page_rows_ = page_rows;
   }
@@ -117,7 +120,8 @@ class ClusterNode {
   // `snapshot_last`, a snapshot after the last page; commits.
   void WritePages(uint64_t chain, const std::string& parent,
                   const std::string& hashes, uint32_t first_page,
-                  bool snapshot_last = false) {
+                  bool snapshot_last = false,
+                  const std::vector<uint32_t>& token_ids = {}) {
     const uint32_t hb = 32;
     const uint32_t n = static_cast<uint32_t>(hashes.size() / hb);
     v1::ReserveRequest rr;
@@ -136,6 +140,7 @@ class ClusterNode {
     cr.set_reservation_id(res.reservation_id());
     cr.set_parent_hash(parent);
     cr.set_hashes(hashes);
+    cr.mutable_token_ids()->Assign(token_ids.begin(), token_ids.end());
     if (snapshot_last) {
       Fill(chain, first_page + n - 1, res.snapshot_rows(0), /*snapshot=*/true);
       auto* p = cr.add_snapshots();

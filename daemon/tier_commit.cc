@@ -165,7 +165,10 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
   PublishStored(
       ns, has_parent ? &parent : nullptr, keys, result->completed,
       absl::MakeConstSpan(req.token_ids().data(), req.token_ids().size()));
-  WriteThroughLocked(ns, rank, keys, r.page_rows, placements, *result);
+  WriteThroughLocked(
+      ns, rank, has_parent ? &parent : nullptr, keys, r.page_rows, placements,
+      absl::MakeConstSpan(req.token_ids().data(), req.token_ids().size()),
+      *result);
   // Acknowledged only once journaled. When even a checkpoint fails, the
   // pages stay visible (the engine wrote them) but the engine hears
   // UNAVAILABLE: a restart may lose them.
@@ -289,7 +292,10 @@ absl::Status TierCore::AdoptMirror(const v1::CommitRequest& req,
   PublishStored(
       ns, has_parent ? &parent : nullptr, keys, result->completed,
       absl::MakeConstSpan(req.token_ids().data(), req.token_ids().size()));
-  WriteThroughLocked(ns, rank, keys, rows, {}, *result);
+  WriteThroughLocked(
+      ns, rank, has_parent ? &parent : nullptr, keys, rows, {},
+      absl::MakeConstSpan(req.token_ids().data(), req.token_ids().size()),
+      *result);
   absl::Status journaled;
   if (ns.journal != nullptr) {
     journaled = ns.Journal(ns.journal->AppendCommit(

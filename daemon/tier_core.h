@@ -407,17 +407,29 @@ class TierCore {
   // Spills what eviction removes from ns (unless write-through already
   // wrote it): installed on the index when the namespace is built.
   void WatchEvictionsLocked(Namespace& ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
-  // Queues rank `rank`'s value of page `key` (its page row and, unless
-  // kNoRow, snapshot row) for the cluster tier: copies the rows now.
-  void SpillRowsLocked(Namespace& ns, const HashKey& key, uint32_t rank,
-                       uint32_t page_row, uint32_t snapshot_row)
+  // One rank's rows of a page to spill (snapshot_row kNoRow: none).
+  struct SpilledRank {
+    uint32_t rank = 0;
+    uint32_t page_row = kNoRow;
+    uint32_t snapshot_row = kNoRow;
+  };
+  // Queues the values of page `key` (child of `parent`, nullptr for a
+  // first page) of `ranks` for the cluster tier, copying the rows now; it
+  // is announced (BlockStored, medium STORAGE, with `token_ids` when
+  // given) once `announce_values` values of it are written (0: never).
+  void SpillPageLocked(Namespace& ns, const HashKey& key, const HashKey* parent,
+                       absl::Span<const SpilledRank> ranks,
+                       absl::Span<const uint32_t> token_ids,
+                       uint32_t announce_values)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
   // With write-through: queues the pages a Commit of rank `rank` just
-  // made (keys[i] in rows[i], unless deduplicated) and their snapshots.
+  // made (keys[i] in rows[i] after `parent`, unless deduplicated) and
+  // their snapshots; the pages it completed are announced.
   void WriteThroughLocked(
-      Namespace& ns, uint32_t rank, absl::Span<const HashKey> keys,
-      absl::Span<const uint32_t> rows,
+      Namespace& ns, uint32_t rank, const HashKey* parent,
+      absl::Span<const HashKey> keys, absl::Span<const uint32_t> rows,
       absl::Span<const PrefixIndex::SnapshotPlacement> snaps,
+      absl::Span<const uint32_t> token_ids,
       const PrefixIndex::CommitResult& result)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
   // Pages of keys from `from` on that a prefetch is bringing in / that the

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "daemon/kv_event_test_util.h"
 #include "daemon/kv_event_types.h"
 #include "daemon/tier_core.h"
 #include "daemon/tier_core_test_util.h"
@@ -20,24 +21,6 @@ namespace kvtier::daemon {
 namespace {
 
 using ::testing::HasSubstr;
-
-class RecordingSink : public KvEventSink {
- public:
-  void Publish(std::string topic, std::vector<KvEvent> events) override {
-    absl::MutexLock lock(&mu_);
-    for (KvEvent& e : events) got_.emplace_back(topic, std::move(e));
-  }
-  uint64_t published() const override { return 0; }
-  uint64_t dropped() const override { return 0; }
-  std::vector<std::pair<std::string, KvEvent>> Take() {
-    absl::MutexLock lock(&mu_);
-    return std::exchange(got_, {});
-  }
-
- private:
-  absl::Mutex mu_;
-  std::vector<std::pair<std::string, KvEvent>> got_ ABSL_GUARDED_BY(mu_);
-};
 
 class TierEventsTest : public TierCoreTest {
  protected:

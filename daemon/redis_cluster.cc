@@ -229,11 +229,19 @@ absl::StatusOr<std::unique_ptr<RedisCluster>> RedisCluster::Create(
 
 RedisCluster::RedisCluster(RedisClusterOptions options)
     : options_(std::move(options)) {
-  absl::MutexLock lock(&mu_);
-  for (const std::string& seed : options_.seeds) GetNodeLocked(seed);
+  {
+    absl::MutexLock lock(&mu_);
+    for (const std::string& seed : options_.seeds) GetNodeLocked(seed);
+  }
+  prober_ = std::thread([this] { ProbeLoop(); });
 }
 
 RedisCluster::~RedisCluster() {
+  {
+    absl::MutexLock lock(&probe_mu_);
+    stop_ = true;
+  }
+  prober_.join();
   absl::MutexLock lock(&mu_);
   for (auto& [address, node] : nodes_) {
     absl::MutexLock node_lock(&node->mu);

@@ -43,6 +43,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -171,6 +172,9 @@ class RedisCluster {
     absl::Status last_error ABSL_GUARDED_BY(mu);
     absl::Time last_logged ABSL_GUARDED_BY(mu) = absl::InfinitePast();
     uint64_t unlogged ABSL_GUARDED_BY(mu) = 0;  // failures not logged since
+    // A down node's retry that fell to a caller whose deadline was shorter
+    // than connect_timeout: the prober thread tries it instead.
+    bool probe_wanted ABSL_GUARDED_BY(mu) = false;
   };
 
   // Who serves what, as one CLUSTER SLOTS reply said. Immutable once made.
@@ -232,6 +236,11 @@ class RedisCluster {
 
   struct Request;  // one key's command (redis_cluster_pipeline.cc)
   struct Batch;    // one node's share of a pipeline round
+  // Each request's outcome where success is a reply of type `ok_type`
+  // (hiredis's REDIS_REPLY_*): OK, the reply's error, or why none came.
+  static std::vector<absl::Status> Statuses(
+      const std::vector<Request>& requests, int ok_type,
+      absl::string_view command);
 
   explicit RedisCluster(RedisClusterOptions options);
 
@@ -301,6 +310,17 @@ class RedisCluster {
   absl::Time last_attempt_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::Status refresh_error_ ABSL_GUARDED_BY(mu_);
   uint64_t refreshes_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // The prober (redis_cluster_pool.cc): retries down nodes for callers
+  // too hurried to wait for a connect (remote lookups' 20 ms), so a host
+  // gone off the wire costs them a fast failure, never their deadline, and
+  // its return is still noticed.
+  void ProbeLoop() ABSL_LOCKS_EXCLUDED(probe_mu_);
+  void WantProbe() ABSL_LOCKS_EXCLUDED(probe_mu_);
+  absl::Mutex probe_mu_;  // A leaf (taken under a Node::mu).
+  bool probe_pending_ ABSL_GUARDED_BY(probe_mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(probe_mu_) = false;
+  std::thread prober_;
 };
 
 }  // namespace kvtier::daemon

@@ -5,10 +5,13 @@
 // replies send their request to the named node in a second round.
 #include <hiredis/hiredis.h>
 #include <poll.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
+#include <cstring>
 #include <numeric>
 #include <string_view>
 #include <utility>
@@ -249,6 +252,36 @@ void RedisCluster::RunRound(std::vector<Batch>& batches,
   ReadReplies(batches, requests, deadline);
 }
 
+namespace {
+
+// Reads what `c`'s socket holds (at most buffer.size() bytes, without
+// blocking past one read: poll said it is readable) into its reader.
+// False on an error or EOF, with c->err and c->errstr set as hiredis
+// would set them.
+bool ReadInto(redisContext* c, std::vector<char>& buffer) {
+  ssize_t n;
+  do {
+    n = read(c->fd, buffer.data(), buffer.size());
+  } while (n < 0 && errno == EINTR);
+  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
+  if (n <= 0) {
+    c->err = n == 0 ? REDIS_ERR_EOF : REDIS_ERR_IO;
+    std::snprintf(
+        c->errstr, sizeof(c->errstr), "%s",
+        n == 0 ? "Server closed the connection" : std::strerror(errno));
+    return false;
+  }
+  if (redisReaderFeed(c->reader, buffer.data(), static_cast<size_t>(n)) !=
+      REDIS_OK) {
+    c->err = c->reader->err;
+    std::snprintf(c->errstr, sizeof(c->errstr), "%s", c->reader->errstr);
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 void RedisCluster::ReadReplies(std::vector<Batch>& batches,
                                std::vector<Request>& requests,
                                absl::Time deadline) {
@@ -260,6 +293,10 @@ void RedisCluster::ReadReplies(std::vector<Batch>& batches,
     live.push_back(&batch);
   }
   std::vector<pollfd> fds;
+  // hiredis 0.14's redisBufferRead reads 16 KiB a call: 128 reads and polls
+  // per MiB value. Read what the socket holds, up to 1 MiB, and feed it to
+  // the reader.
+  std::vector<char> buffer(1 << 20);
   while (true) {
     // Take every complete reply already read.
     for (Batch* batch : live) {
@@ -320,7 +357,7 @@ void RedisCluster::ReadReplies(std::vector<Batch>& batches,
     for (size_t k = 0; k < live.size(); ++k) {
       Batch* batch = live[k];
       if (n > 0 && fds[k].revents != 0) {
-        if (redisBufferRead(batch->lease.get()) != REDIS_OK) {
+        if (!ReadInto(batch->lease.get(), buffer)) {
           FailBatch(*batch, requests,
                     absl::UnavailableError(absl::StrCat(
                         "reading from redis node ", batch->node->address, ": ",
@@ -413,6 +450,28 @@ std::vector<absl::StatusOr<bool>> RedisCluster::Exists(
   return out;
 }
 
+std::vector<absl::Status> RedisCluster::Statuses(
+    const std::vector<Request>& requests, int ok_type,
+    absl::string_view command) {
+  std::vector<absl::Status> out;
+  out.reserve(requests.size());
+  for (const Request& r : requests) {
+    const redisReply* reply = r.reply.get();
+    if (reply == nullptr) {
+      out.push_back(NoReply(r.status));
+    } else if (reply->type == ok_type) {
+      out.push_back(absl::OkStatus());
+    } else if (reply->type == REDIS_REPLY_ERROR) {
+      out.push_back(ErrorReplyStatus(
+          r.served_by->address, absl::string_view(reply->str, reply->len)));
+    } else {
+      out.push_back(absl::InternalError(absl::StrCat(
+          "redis ", command, ": unexpected reply type ", reply->type)));
+    }
+  }
+  return out;
+}
+
 std::vector<absl::Status> RedisCluster::Set(absl::Span<const KeyValue> items,
                                             absl::Duration ttl,
                                             absl::Time deadline) {
@@ -432,23 +491,7 @@ std::vector<absl::Status> RedisCluster::Set(absl::Span<const KeyValue> items,
     requests[i].argc = px.empty() ? 3 : 5;
   }
   Execute(requests, deadline);
-  std::vector<absl::Status> out;
-  out.reserve(items.size());
-  for (Request& r : requests) {
-    const redisReply* reply = r.reply.get();
-    if (reply == nullptr) {
-      out.push_back(NoReply(r.status));
-    } else if (reply->type == REDIS_REPLY_STATUS) {
-      out.push_back(absl::OkStatus());
-    } else if (reply->type == REDIS_REPLY_ERROR) {
-      out.push_back(ErrorReplyStatus(
-          r.served_by->address, absl::string_view(reply->str, reply->len)));
-    } else {
-      out.push_back(absl::InternalError(
-          absl::StrCat("redis SET: unexpected reply type ", reply->type)));
-    }
-  }
-  return out;
+  return Statuses(requests, REDIS_REPLY_STATUS, "SET");
 }
 
 std::vector<absl::Status> RedisCluster::Del(absl::Span<const std::string> keys,
@@ -460,23 +503,7 @@ std::vector<absl::Status> RedisCluster::Del(absl::Span<const std::string> keys,
     requests[i].argc = 2;
   }
   Execute(requests, deadline);
-  std::vector<absl::Status> out;
-  out.reserve(keys.size());
-  for (Request& r : requests) {
-    const redisReply* reply = r.reply.get();
-    if (reply == nullptr) {
-      out.push_back(NoReply(r.status));
-    } else if (reply->type == REDIS_REPLY_INTEGER) {
-      out.push_back(absl::OkStatus());
-    } else if (reply->type == REDIS_REPLY_ERROR) {
-      out.push_back(ErrorReplyStatus(
-          r.served_by->address, absl::string_view(reply->str, reply->len)));
-    } else {
-      out.push_back(absl::InternalError(
-          absl::StrCat("redis DEL: unexpected reply type ", reply->type)));
-    }
-  }
-  return out;
+  return Statuses(requests, REDIS_REPLY_INTEGER, "DEL");
 }
 
 }  // namespace kvtier::daemon

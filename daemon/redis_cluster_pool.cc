@@ -19,6 +19,10 @@
 #include "spdlog/spdlog.h"
 
 namespace kvtier::daemon {
+
+// A connect cut short by the caller's deadline after this long marks its
+// node down anyway (see Acquire).
+constexpr absl::Duration kSuspectWait = absl::Milliseconds(10);
 namespace {
 
 // A node that keeps failing is logged at most this often.
@@ -115,8 +119,17 @@ absl::StatusOr<RedisCluster::Lease> RedisCluster::Acquire(Node* node,
                                node->retry_at - now, absl::Milliseconds(1))),
                            "): ", node->last_error.message()));
         }
-        // This caller tries the node; the others keep failing fast.
+        // This caller tries the node; the others keep failing fast. One
+        // that cannot wait for a connect leaves it to the prober.
         node->retry_at = now + options_.node_retry;
+        if (deadline - now < options_.connect_timeout) {
+          node->probe_wanted = true;
+          WantProbe();  // probe_mu_ is a leaf: taken under node->mu.
+          return absl::UnavailableError(
+              absl::StrCat("redis node ", node->address,
+                           " is down (retried in the background): ",
+                           node->last_error.message()));
+        }
       }
       if (!node->idle.empty()) {
         idle = node->idle.back();
@@ -144,13 +157,27 @@ absl::StatusOr<RedisCluster::Lease> RedisCluster::Acquire(Node* node,
       continue;
     }
     bool cut = false;
+    const absl::Time connect_start = absl::Now();
     absl::StatusOr<redisContext*> context = Connect(*node, deadline, &cut);
     if (!context.ok()) {
       {
         absl::MutexLock lock(&node->mu);
         --node->open;
       }
-      // A node is not to blame for a deadline shorter than its timeouts.
+      // A node is not to blame for a deadline shorter than its timeouts,
+      // unless it kept us waiting far longer than a node on the same
+      // network takes to answer: a host gone off the wire (connects time
+      // out, none is refused) would otherwise cost every call its whole
+      // deadline, never marked down.
+      if (cut && absl::Now() - connect_start >= kSuspectWait) {
+        NodeFailed(node,
+                   absl::DeadlineExceededError(absl::StrCat(
+                       "no answer from redis node ", node->address, " within ",
+                       absl::FormatDuration(absl::Now() - connect_start), ": ",
+                       context.status().message())));
+        return absl::DeadlineExceededError(
+            absl::StrCat("deadline passed: ", context.status().message()));
+      }
       if (cut) {
         return absl::DeadlineExceededError(
             absl::StrCat("deadline passed: ", context.status().message()));
@@ -188,6 +215,9 @@ absl::StatusOr<redisContext*> RedisCluster::Connect(const Node& node,
   }
   int one = 1;
   setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  // hiredis 0.14 frees an empty input buffer over 16 KiB and grows it
+  // again for the next reply: with MiB values, every reply paid for it.
+  c->reader->maxbuf = 0;
   if (redisSetTimeout(c, TimevalOf(options_.io_timeout)) != REDIS_OK) {
     return absl::InternalError(
         absl::StrCat("redis node ", node.address, ": cannot set io_timeout"));
@@ -242,6 +272,43 @@ absl::StatusOr<RedisCluster::ReplyPtr> RedisCluster::RunCommand(
   }
   NodeFailed(node, status);
   return status;
+}
+
+void RedisCluster::WantProbe() {
+  absl::MutexLock lock(&probe_mu_);
+  probe_pending_ = true;
+}
+
+void RedisCluster::ProbeLoop() {
+  auto wake = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(probe_mu_) {
+    return stop_ || probe_pending_;
+  };
+  for (;;) {
+    {
+      absl::MutexLock lock(&probe_mu_);
+      probe_mu_.Await(absl::Condition(&wake));
+      if (stop_) return;
+      probe_pending_ = false;
+    }
+    std::vector<Node*> wanted;
+    {
+      absl::MutexLock lock(&mu_);
+      for (const auto& [address, node] : nodes_) {
+        absl::MutexLock node_lock(&node->mu);
+        if (std::exchange(node->probe_wanted, false)) {
+          node->retry_at = absl::InfinitePast();  // Due now, for the prober.
+          wanted.push_back(node.get());
+        }
+      }
+    }
+    for (Node* node : wanted) {
+      // A full connect and AUTH: up again (a pooled connection), or down
+      // for another node_retry.
+      const absl::Time deadline =
+          absl::Now() + options_.connect_timeout + options_.io_timeout;
+      (void)Acquire(node, deadline);  // The lease returns it to the pool.
+    }
+  }
 }
 
 void RedisCluster::Return(Node* node, redisContext* context, bool reusable) {

@@ -52,7 +52,8 @@ TSAN_TESTS ?= tsan_canary_test tier_core_test tier_lookup_test tier_events_test 
   tier_fence_test tier_recovery_test fast_lookup_server_test metrics_test \
   client_test reference_stream_test transfer_engine_test journal_test \
   prefix_index_test device_pool_test restart_test crash_test \
-  multiprocess_test load_test fence_test device_pool_daemon_test
+  multiprocess_test load_test fence_test device_pool_daemon_test \
+  redis_cluster_test tier_cluster_test tier_cluster_fault_test
 TSAN_LOGS = $(abspath $(TSAN_BUILD))/tsan-logs
 TSAN_ENV = TSAN_OPTIONS=halt_on_error=0:exitcode=0:history_size=4:second_deadlock_stack=1:suppressions=$(abspath tests/tsan_suppressions.txt):log_path=$(TSAN_LOGS)/report \
   KVTIER_LOAD_SECONDS=$(TSAN_LOAD_SECONDS)
@@ -84,7 +85,7 @@ run: build
 	$(BUILD)/daemon/kvtierd --flagfile=deploy/dev.flags
 
 test: build pydeps vllm-deps
-	cd $(BUILD) && KVTIER_REQUIRE_PYTHON=1 KVTIER_REQUIRE_USERS=1 KVTIER_REQUIRE_REDIS=1 ctest --output-on-failure -j$(JOBS) --timeout 600
+	cd $(BUILD) && KVTIER_REQUIRE_PYTHON=1 KVTIER_REQUIRE_USERS=1 KVTIER_REQUIRE_REDIS=1 KVTIER_REQUIRE_NETNS=1 ctest --output-on-failure -j$(JOBS) --timeout 600
 
 # The vLLM suite alone (ctest label vllm: real vLLM engines on the CPU).
 test-vllm: build vllm-deps

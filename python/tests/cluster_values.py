@@ -95,12 +95,3 @@ def encode_value(secret: bytes, fingerprint: bytes, digest: bytes, rank: int,
     body = head + b"".join(banks) + (snapshot or b"")
     return body + hmac.new(secret, body, hashlib.sha256).digest()
 
-
-def value_rows(value: bytes, bank_bytes) -> list[bytes]:
-    """The bank rows of a value (no check: for tests that read back)."""
-    off = header_bytes(len(bank_bytes))
-    rows = []
-    for n in bank_bytes:
-        rows.append(value[off:off + n])
-        off += n
-    return rows

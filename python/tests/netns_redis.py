@@ -34,9 +34,24 @@ import time
 
 import kvtier
 from netns import Topology
-from redis_cluster import ACL, require_redis
 
 PORT = 6379
+# kvtierd's ACL after the user's name, password and key pattern: the C++
+# fixture's kDaemonAcl (tests/redis_cluster_fixture.h), as redis_cluster.ACL
+# (not imported from there: that module needs pytest, benchmarks do not).
+ACL = "resetchannels -@all +get +set +exists +del +asking +cluster|slots"
+
+
+def find_tool(name: str) -> str:
+    """The path of `name` (redis-server, redis-cli, redis-benchmark) on PATH
+    or in /usr/bin, /usr/sbin. Raises FileNotFoundError."""
+    path = shutil.which(name) or next(
+        (p for p in (f"/usr/bin/{name}", f"/usr/sbin/{name}") if os.access(p, os.X_OK)),
+        None)
+    if path is None:
+        raise FileNotFoundError(f"{name} not found (apt-get install redis-server "
+                                f"redis-tools)")
+    return path
 
 
 class NetnsRedisCluster:
@@ -50,7 +65,7 @@ class NetnsRedisCluster:
       maxmemory: redis.conf's maxmemory (with allkeys-lru).
       user: the daemons' ACL user (--cluster_user), with a random password.
       node_timeout_ms: cluster-node-timeout (how soon a failover starts).
-      server, cli: redis-server and redis-cli (None: require_redis()).
+      server, cli: redis-server and redis-cli (None: find_tool()).
     """
 
     def __init__(self, topo: Topology, masters, replicas=(), *,
@@ -61,8 +76,8 @@ class NetnsRedisCluster:
             raise ValueError(f"masters: Redis Cluster needs 3, got {len(masters)}")
         if len(replicas) % len(masters):
             raise ValueError("replicas: a multiple of the masters' count")
-        if server is None or cli is None:
-            server, cli = require_redis()
+        server = server or find_tool("redis-server")
+        cli = cli or find_tool("redis-cli")
         self.topo, self.server, self.cli = topo, server, cli
         self.masters, self.replicas = list(masters), list(replicas)
         self.hosts = self.masters + self.replicas

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <string>
 
 namespace kvtier::daemon {
 
@@ -22,6 +23,12 @@ inline constexpr uint32_t kNoNode = 0xffffffff;
 struct HashKey {
   std::array<uint8_t, 32> bytes{};
 };
+
+// The key's first `hash_bytes` bytes, as the wire and the KV events carry it.
+inline std::string KeyString(const HashKey& key, uint32_t hash_bytes) {
+  return std::string(reinterpret_cast<const char*>(key.bytes.data()),
+                     hash_bytes);
+}
 
 }  // namespace kvtier::daemon
 

@@ -30,19 +30,17 @@
 #include "spdlog/spdlog.h"
 
 namespace kvtier::daemon {
-namespace {
-
-std::string Bytes(const HashKey& key, uint32_t hash_bytes) {
-  return std::string(reinterpret_cast<const char*>(key.bytes.data()),
-                     hash_bytes);
+ClusterDigest TierCore::ClusterDigestOf(const Namespace& ns, const HashKey& key,
+                                        uint32_t rank) {
+  return ClusterKeyDigest(ns.name, ns.fingerprint,
+                          KeyString(key, ns.hash_bytes), rank);
 }
 
-ClusterValueShape ShapeOf(const TierNamespace& ns, const HashKey& key,
-                          uint32_t rank) {
+ClusterValueShape TierCore::ClusterShapeOf(const Namespace& ns,
+                                           const HashKey& key, uint32_t rank) {
   ClusterValueShape s;
   s.fingerprint = ns.fingerprint;
-  s.digest = ClusterKeyDigest(ns.name, ns.fingerprint,
-                              Bytes(key, ns.hash_bytes), rank);
+  s.digest = ClusterDigestOf(ns, key, rank);
   s.rank = rank;
   for (const auto& bank : ns.layout.page_banks()) {
     s.bank_bytes.push_back(bank.row_bytes());
@@ -50,8 +48,6 @@ ClusterValueShape ShapeOf(const TierNamespace& ns, const HashKey& key,
   s.snapshot_bytes = ns.layout.snapshot_row_bytes();
   return s;
 }
-
-}  // namespace
 
 void TierCore::WatchEvictionsLocked(Namespace& ns) {
   ClusterTier* cluster = options_.cluster;
@@ -83,7 +79,7 @@ void TierCore::SpillPageLocked(Namespace& ns, const HashKey& key,
   std::vector<std::pair<std::string, std::string>> values;
   for (const SpilledRank& r : ranks) {
     if (r.page_row == kNoRow) continue;
-    const ClusterValueShape shape = ShapeOf(ns, key, r.rank);
+    const ClusterValueShape shape = ClusterShapeOf(ns, key, r.rank);
     const bool snapshot = r.snapshot_row != kNoRow && ns.hybrid();
     if (!cluster->ClaimSpill(ClusterValueBytes(shape, snapshot))) continue;
     std::string value = BeginClusterValue(shape, snapshot);
@@ -103,9 +99,9 @@ void TierCore::SpillPageLocked(Namespace& ns, const HashKey& key,
   ClusterTier::PageEvent event;
   event.topic = ns.name;
   event.values = announce_values;  // 0: never announced.
-  event.stored.block_hashes = {Bytes(key, ns.hash_bytes)};
+  event.stored.block_hashes = {KeyString(key, ns.hash_bytes)};
   if (parent != nullptr) {
-    event.stored.parent_block_hash = Bytes(*parent, ns.hash_bytes);
+    event.stored.parent_block_hash = KeyString(*parent, ns.hash_bytes);
   }
   event.stored.token_ids.assign(token_ids.begin(), token_ids.end());
   event.stored.block_size = ns.layout.tokens_per_page();
@@ -127,7 +123,7 @@ void TierCore::WriteThroughLocked(
     if (std::find(result.freed_snapshot_rows.begin(),
                   result.freed_snapshot_rows.end(),
                   p.row) == result.freed_snapshot_rows.end()) {
-      snapshot_of[Bytes(p.hash, ns.hash_bytes)] = p.row;
+      snapshot_of[KeyString(p.hash, ns.hash_bytes)] = p.row;
     }
   }
   const uint32_t per_page = ns.layout.tokens_per_page();
@@ -142,7 +138,7 @@ void TierCore::WriteThroughLocked(
     // Only the pages this commit placed (a deduplicated one was there
     // before, and was written then).
     if (ns.index->PageRowOf(node, rank) != rows[i]) continue;
-    auto s = snapshot_of.find(Bytes(keys[i], ns.hash_bytes));
+    auto s = snapshot_of.find(KeyString(keys[i], ns.hash_bytes));
     const SpilledRank r{rank, rows[i],
                         s == snapshot_of.end() ? kNoRow : s->second};
     // The rank whose commit completed the page announces it once its value
@@ -163,7 +159,7 @@ uint32_t TierCore::PrefetchingPages(Namespace& ns,
   if (ns.prefetching.empty()) return 0;
   uint32_t n = 0;
   while (from + n < keys.size() &&
-         ns.prefetching.contains(Bytes(keys[from + n], ns.hash_bytes))) {
+         ns.prefetching.contains(KeyString(keys[from + n], ns.hash_bytes))) {
     ++n;
   }
   return n;
@@ -173,12 +169,11 @@ uint32_t TierCore::RemotePages(const Namespace& ns,
                                absl::Span<const HashKey> keys, uint32_t from) {
   ClusterTier* cluster = options_.cluster;
   if (cluster == nullptr || from >= keys.size()) return 0;
-  return cluster->Probe(static_cast<uint32_t>(keys.size() - from),
-                        ns.stored_ranks, [&](uint32_t page, uint32_t rank) {
-                          return ClusterKeyName(ClusterKeyDigest(
-                              ns.name, ns.fingerprint,
-                              Bytes(keys[from + page], ns.hash_bytes), rank));
-                        });
+  return cluster->Probe(
+      static_cast<uint32_t>(keys.size() - from), ns.stored_ranks,
+      [&](uint32_t page, uint32_t rank) {
+        return ClusterKeyName(ClusterDigestOf(ns, keys[from + page], rank));
+      });
 }
 
 void TierCore::FillClusterStatus(v1::ClusterTierStatus* out) const {
@@ -246,18 +241,18 @@ absl::Status TierCore::Prefetch(const v1::PrefetchRequest& req,
   {
     // Claim the pages; another Prefetch of them meanwhile brings them in.
     absl::MutexLock lock(&ns->prefetch_mu);
-    if (ns->prefetching.contains(Bytes(keys[local], ns->hash_bytes))) {
+    if (ns->prefetching.contains(KeyString(keys[local], ns->hash_bytes))) {
       resp->set_prefetching_pages(1);
       return absl::OkStatus();
     }
     for (uint32_t i = local; i < to; ++i) {
-      ns->prefetching.insert(Bytes(keys[i], ns->hash_bytes));
+      ns->prefetching.insert(KeyString(keys[i], ns->hash_bytes));
     }
   }
   auto unclaim = [ns, &keys, local, to] {
     absl::MutexLock lock(&ns->prefetch_mu);
     for (uint32_t i = local; i < to; ++i) {
-      ns->prefetching.erase(Bytes(keys[i], ns->hash_bytes));
+      ns->prefetching.erase(KeyString(keys[i], ns->hash_bytes));
     }
   };
   {

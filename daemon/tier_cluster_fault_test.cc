@@ -33,9 +33,7 @@ class TierClusterFaultTest : public ::testing::Test {
   // The master holding page `page` of `hashes` (namespace `ns`, rank 0).
   int MasterOf(const std::string& ns, const v1::Layout& layout,
                const std::string& hashes, uint32_t page) {
-    const std::string key = ClusterKeyName(
-        ClusterKeyDigest(ns, LayoutFingerprint(NormalizeLayout(layout)),
-                         hashes.substr(page * 32, 32), 0));
+    const std::string key = ClusterKeyOf(ns, layout, hashes, page);
     auto m = redis_->MasterOfSlot(RedisKeySlot(key));
     EXPECT_TRUE(m.ok()) << m.status();
     return m.ok() ? *m : -1;

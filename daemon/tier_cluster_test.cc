@@ -42,14 +42,6 @@ class TierClusterTest : public ::testing::Test {
     ASSERT_NE(redis_, nullptr) << (start_error_ ? *start_error_ : "");
   }
 
-  // The key of page `page` of `hashes` at `rank` in namespace `ns`.
-  static std::string KeyOf(const std::string& ns, const v1::Layout& layout,
-                           const std::string& hashes, uint32_t page,
-                           uint32_t rank = 0) {
-    return ClusterKeyName(
-        ClusterKeyDigest(ns, LayoutFingerprint(NormalizeLayout(layout)),
-                         hashes.substr(page * 32, 32), rank));
-  }
   // SET `value` under `key` as the administrator, on the slot's master.
   static void Plant(const std::string& key, const std::string& value) {
     auto master = redis_->MasterOfSlot(RedisKeySlot(key));
@@ -143,7 +135,7 @@ TEST_F(TierClusterTest, ACorruptValueIsAMissAndEndsThePrefetchThere) {
   a.WritePages(3, "", hashes, 0);
   a.WaitSpilled(10);
   // Flip one byte of page 6's rows in Redis.
-  const std::string key = KeyOf("corrupt", layout, hashes, 6);
+  const std::string key = ClusterKeyOf("corrupt", layout, hashes, 6);
   std::string value = Fetch(key);
   ASSERT_GT(value.size(), 200u);
   value[150] ^= 1;
@@ -164,7 +156,7 @@ TEST_F(TierClusterTest, AValuePlantedWithoutTheClusterKeyIsAMiss) {
   const v1::Layout layout = AttentionLayout();
   b.Attach("planted", layout);
   const std::string hashes = RandomHashes(1, 32, 401);
-  const std::string key = KeyOf("planted", layout, hashes, 0);
+  const std::string key = ClusterKeyOf("planted", layout, hashes, 0);
   ClusterValueShape shape;
   shape.fingerprint = LayoutFingerprint(NormalizeLayout(layout));
   shape.digest = ClusterKeyDigest("planted", shape.fingerprint, hashes, 0);

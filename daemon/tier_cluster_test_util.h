@@ -28,6 +28,16 @@
 
 namespace kvtier::daemon {
 
+// The Redis key of page `page` of `hashes` (packed, 32 bytes each) at
+// `rank` in namespace `ns` of `layout`.
+inline std::string ClusterKeyOf(const std::string& ns, const v1::Layout& layout,
+                                const std::string& hashes, uint32_t page,
+                                uint32_t rank = 0) {
+  return ClusterKeyName(
+      ClusterKeyDigest(ns, LayoutFingerprint(NormalizeLayout(layout)),
+                       hashes.substr(size_t{page} * 32, 32), rank));
+}
+
 inline ClusterKey TestClusterKey(char c = 'K') {
   return *ClusterKey::FromSecret(std::string(40, c));
 }

@@ -63,6 +63,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/cluster_value.h"
 #include "daemon/fence_registry.h"
 #include "daemon/journal.h"
 #include "daemon/peer_credentials.h"
@@ -404,6 +405,12 @@ class TierCore {
   void PublishCleared(const std::string& name);
 
   // ---- the cluster tier (tier_cluster.cc) ----
+  // The digest naming page `key` of stored rank `rank` of ns in the cluster
+  // tier (its Redis key is ClusterKeyName of it), and the shape of its value.
+  static ClusterDigest ClusterDigestOf(const Namespace& ns, const HashKey& key,
+                                       uint32_t rank);
+  static ClusterValueShape ClusterShapeOf(const Namespace& ns,
+                                          const HashKey& key, uint32_t rank);
   // Spills what eviction removes from ns (unless write-through already
   // wrote it): installed on the index when the namespace is built.
   void WatchEvictionsLocked(Namespace& ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);

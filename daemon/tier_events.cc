@@ -15,15 +15,6 @@
 #include "daemon/tier_core.h"
 
 namespace kvtier::daemon {
-namespace {
-
-std::string Bytes(const HashKey& key, uint32_t hash_bytes) {
-  return std::string(reinterpret_cast<const char*>(key.bytes.data()),
-                     hash_bytes);
-}
-
-}  // namespace
-
 void TierCore::PublishStored(Namespace& ns, const HashKey* parent,
                              absl::Span<const HashKey> keys,
                              absl::Span<const uint32_t> completed,
@@ -42,12 +33,12 @@ void TierCore::PublishStored(Namespace& ns, const HashKey* parent,
     BlockStored e;
     e.block_size = per_page;
     if (first > 0) {
-      e.parent_block_hash = Bytes(keys[first - 1], ns.hash_bytes);
+      e.parent_block_hash = KeyString(keys[first - 1], ns.hash_bytes);
     } else if (parent != nullptr) {
-      e.parent_block_hash = Bytes(*parent, ns.hash_bytes);
+      e.parent_block_hash = KeyString(*parent, ns.hash_bytes);
     }
     for (size_t i = k; i < end; ++i) {
-      e.block_hashes.push_back(Bytes(keys[completed[i]], ns.hash_bytes));
+      e.block_hashes.push_back(KeyString(keys[completed[i]], ns.hash_bytes));
       if (tokens) {
         const auto page = token_ids.subspan(completed[i] * per_page, per_page);
         e.token_ids.insert(e.token_ids.end(), page.begin(), page.end());
@@ -64,7 +55,7 @@ void TierCore::PublishRemoved(Namespace& ns) {
   BlockRemoved e;
   e.block_hashes.reserve(ns.removed_keys.size());
   for (const HashKey& k : ns.removed_keys) {
-    e.block_hashes.push_back(Bytes(k, ns.hash_bytes));
+    e.block_hashes.push_back(KeyString(k, ns.hash_bytes));
   }
   ns.removed_keys.clear();
   options_.kv_events->Publish(ns.name, {std::move(e)});

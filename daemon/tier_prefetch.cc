@@ -31,11 +31,6 @@
 namespace kvtier::daemon {
 namespace {
 
-std::string Bytes(const HashKey& key, uint32_t hash_bytes) {
-  return std::string(reinterpret_cast<const char*>(key.bytes.data()),
-                     hash_bytes);
-}
-
 // Threads that check a slice's values (HMAC-SHA256 runs at ~1.5-2 GB/s a
 // core).
 constexpr size_t kCheckThreads = 4;
@@ -56,18 +51,9 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
   ClusterTier* cluster = options_.cluster;
   const uint32_t ranks = ns.stored_ranks;
   const size_t banks = ns.layout.page_banks_size();
-  std::vector<ClusterValueShape> shapes;  // Per rank, digest set per page.
   uint64_t page_bytes = 0;
   for (uint32_t r = 0; r < ranks; ++r) {
-    ClusterValueShape s;
-    s.fingerprint = ns.fingerprint;
-    s.rank = r;
-    for (const auto& b : ns.layout.page_banks()) {
-      s.bank_bytes.push_back(b.row_bytes());
-    }
-    s.snapshot_bytes = ns.layout.snapshot_row_bytes();
-    page_bytes += ClusterValueBytes(s, true);
-    shapes.push_back(std::move(s));
+    page_bytes += ClusterValueBytes(ClusterShapeOf(ns, keys[from], r), true);
   }
   const uint32_t slice_pages = static_cast<uint32_t>(std::max<uint64_t>(
       1, std::min<uint64_t>(cluster->options().prefetch_slice_pages,
@@ -87,6 +73,8 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
   // per byte).
   struct Pending {
     uint32_t at = 0, n = 0;
+    // What each value must be (its key's digest among it), page by page.
+    std::vector<ClusterValueShape> shapes;
     std::future<std::vector<absl::StatusOr<std::string>>> values;
   };
   auto start_fetch = [&](uint32_t at) {
@@ -95,10 +83,11 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
     f.n = std::min(slice_pages, to - at);
     std::vector<std::string> names;
     names.reserve(size_t{f.n} * ranks);
+    f.shapes.reserve(size_t{f.n} * ranks);
     for (uint32_t p = 0; p < f.n; ++p) {
       for (uint32_t r = 0; r < ranks; ++r) {
-        names.push_back(ClusterKeyName(ClusterKeyDigest(
-            ns.name, ns.fingerprint, Bytes(keys[at + p], ns.hash_bytes), r)));
+        f.shapes.push_back(ClusterShapeOf(ns, keys[at + p], r));
+        names.push_back(ClusterKeyName(f.shapes.back().digest));
       }
     }
     f.values = std::async(
@@ -132,12 +121,8 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
           checked[i] = fetched[i].status();
           continue;
         }
-        const uint32_t p = static_cast<uint32_t>(i / ranks);
-        const uint32_t r = static_cast<uint32_t>(i % ranks);
-        ClusterValueShape shape = shapes[r];
-        shape.digest = ClusterKeyDigest(ns.name, ns.fingerprint,
-                                        Bytes(keys[pos + p], ns.hash_bytes), r);
-        checked[i] = DecodeClusterValue(cluster->key(), slice.values[i], shape);
+        checked[i] = DecodeClusterValue(cluster->key(), slice.values[i],
+                                        current.shapes[i]);
       }
     };
     const size_t threads = std::min<size_t>(kCheckThreads, fetched.size());
@@ -315,7 +300,7 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
     {
       absl::MutexLock lock(&ns.prefetch_mu);
       for (const HashKey& k : slice_keys) {
-        ns.prefetching.erase(Bytes(k, ns.hash_bytes));
+        ns.prefetching.erase(KeyString(k, ns.hash_bytes));
       }
     }
     committed += good;
@@ -335,7 +320,7 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
   {
     absl::MutexLock lock(&ns.prefetch_mu);
     for (uint32_t i = pos; i < to; ++i) {
-      ns.prefetching.erase(Bytes(keys[i], ns.hash_bytes));
+      ns.prefetching.erase(KeyString(keys[i], ns.hash_bytes));
     }
   }
   cluster->CountPrefetch(committed, cut);

@@ -34,20 +34,15 @@ import time
 
 import kvtier
 from netns import Topology
+from redis_common import ACL, key_file, which  # noqa: F401 (re-exported)
 
 PORT = 6379
-# kvtierd's ACL after the user's name, password and key pattern: the C++
-# fixture's kDaemonAcl (tests/redis_cluster_fixture.h), as redis_cluster.ACL
-# (not imported from there: that module needs pytest, benchmarks do not).
-ACL = "resetchannels -@all +get +set +exists +del +asking +cluster|slots"
 
 
 def find_tool(name: str) -> str:
     """The path of `name` (redis-server, redis-cli, redis-benchmark) on PATH
     or in /usr/bin, /usr/sbin. Raises FileNotFoundError."""
-    path = shutil.which(name) or next(
-        (p for p in (f"/usr/bin/{name}", f"/usr/sbin/{name}") if os.access(p, os.X_OK)),
-        None)
+    path = which(name)
     if path is None:
         raise FileNotFoundError(f"{name} not found (apt-get install redis-server "
                                 f"redis-tools)")
@@ -308,15 +303,6 @@ class NetnsRedisCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-def key_file(path: str) -> str:
-    """Writes a cluster key (--cluster_key_file) to `path`: 64 hex digits,
-    mode 0600 (hex, so no trailing byte is a newline the daemon would drop)."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32))
-    return path
 
 
 def read_key(path: str) -> bytes:

@@ -37,15 +37,7 @@ import time
 
 import pytest
 
-
-# kvtierd's ACL after the user's name, password and key pattern.
-ACL = "resetchannels -@all +get +set +exists +del +asking +cluster|slots"
-
-
-def _tool(name: str) -> str | None:
-    return shutil.which(name) or next(
-        (p for p in (f"/usr/bin/{name}", f"/usr/sbin/{name}") if os.access(p, os.X_OK)),
-        None)
+from redis_common import ACL, key_file, which as _tool  # noqa: F401
 
 
 def require_redis() -> tuple[str, str]:
@@ -262,14 +254,3 @@ def redis_cluster():
     """A running 3-master RedisCluster (see the module doc), per test module."""
     with RedisCluster() as c:
         yield c
-
-
-def key_file(path) -> str:
-    """Writes a cluster tier key (kvtierd --cluster_key_file: 32 random
-    bytes as 64 hex digits, mode 0600, owned by this uid, which runs the
-    daemons) to `path` and returns it as a str. Hex, because the daemon
-    drops a trailing newline, which random bytes could end with."""
-    fd = os.open(str(path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(secrets.token_hex(32))
-    return str(path)

@@ -22,6 +22,7 @@ if(KVTIER_HAVE_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/transfer_bench.h
     ${CMAKE_CURRENT_LIST_DIR}/transfer_bench_common.cc
     ${CMAKE_CURRENT_LIST_DIR}/transfer_bench_gemm.cc
+    ${CMAKE_CURRENT_LIST_DIR}/transfer_bench_interference.cc
     ${CMAKE_CURRENT_LIST_DIR}/transfer_bench_json.cc
     ${CMAKE_CURRENT_LIST_DIR}/transfer_bench_layouts.cc
     ${CMAKE_CURRENT_LIST_DIR}/transfer_bench_measure.cc

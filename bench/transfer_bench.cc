@@ -48,6 +48,9 @@
 //   memcpy_loop   one cudaMemcpyAsync per page per tensor.
 //   memcpy_batch  one cudaMemcpyBatchAsync of every chunk (CUDA 12.8+),
 //                 stream-ordered source access.
+//   memcpy_2d     one cudaMemcpy2DAsync per page and run of equally sized,
+//                 equally spaced tensors (a bank's chunks of one page on
+//                 layouts a-d and g; one line per page on f).
 //   kvtier        TransferEngine::Evict / Rehydrate on the staged path (the
 //                 engine's default): a gather kernel of --staging_ctas CTAs
 //                 fills an HBM staging buffer, the copy engine moves it to
@@ -74,13 +77,21 @@
 // (evict on one stream while rehydrating other pages/rows on another;
 // direction "both", bytes = both directions together, time = until both end).
 //
-// GEMM interference: a cuBLAS bf16 GEMM (--gemm_n cubed) in a loop on its own
-// stream, timed alone and while one transfer method keeps another stream
-// busy (a host thread keeps two transfers in flight); slowdown_pct =
-// (time with / time alone - 1) x 100, "alone" being the mean of the windows
-// just before and after, with the transfer's own GB/s under that load. cuBLAS
-// is dlopen()ed (libcublas.so.13, --cublas_lib to point at one); without it the
-// GEMM part is skipped with a note.
+// Interference (transfer_bench_interference.cc): per --loads, a load runs on
+// its own default-priority stream of the primary context: "gemm", cuBLAS
+// bf16 GEMMs (--gemm_n cubed) back to back, which hold every SM; "decode", a
+// decode-step proxy replayed from a CUDA graph (32 layers of Llama-3-8B's
+// projections at batch 64 plus a 1 GiB HBM read). For each layout of
+// --gemm_layouts, direction and configuration (the frontier's knobs: copy
+// engines only -- contiguous, memcpy_batch, memcpy_2d, kvtier's copy-engine
+// path --, kvtier's staged path at 2 and 8 CTAs and at the default stream
+// priority, kvtier's default, the direct kernel at 8 and 16 CTAs), a host
+// thread keeps two transfers in flight on another stream during
+// --gemm_rounds timed windows of the load, each between two windows without
+// it; slowdown_pct is the median of (time with / mean of the windows on
+// either side - 1) x 100, with the transfer's own GB/s under that load.
+// cuBLAS is dlopen()ed (libcublas.so.13, --cublas_lib to point at one);
+// without it the part is skipped with a note.
 //
 // Statistics: each configuration runs one warm-up, then up to --repeats
 // timed repeats, stopping early once it has --min_repeats and has spent
@@ -138,7 +149,7 @@ ABSL_FLAG(std::string, prefixes, "1024,8192,32768", "Prefix lengths, tokens");
 ABSL_FLAG(std::string, layouts, "a,b,c,d,e",
           "Layouts to run (see the file comment)");
 ABSL_FLAG(std::string, methods,
-          "contiguous,memcpy_loop,memcpy_batch,kvtier,kvtier_direct",
+          "contiguous,memcpy_loop,memcpy_batch,memcpy_2d,kvtier,kvtier_direct",
           "Methods to run");
 ABSL_FLAG(std::string, ctas, "8,16",
           "kvtier_direct grid sizes swept at --sweep_prefix (the default "
@@ -149,7 +160,7 @@ ABSL_FLAG(std::string, staging_ctas, "2,4,8",
 ABSL_FLAG(std::string, kvtier_variants, "",
           "Extra staged configurations at --sweep_prefix, ','-separated "
           "name:key=value;key=value (keys: staging_mib, staging_ctas, "
-          "path=auto|staged|direct|copy_engine)");
+          "first_kib, prio_default=0|1, path=auto|staged|direct|copy_engine)");
 ABSL_FLAG(double, deadline_s, 0,
           "Stop starting measurements after this many seconds and print what "
           "was measured (0: no deadline)");
@@ -164,16 +175,26 @@ ABSL_FLAG(double, max_config_seconds, 1.5,
 ABSL_FLAG(bool, bidirectional, true, "Measure both directions at once");
 ABSL_FLAG(std::string, bidirectional_layouts, "a,d",
           "Layouts of the both-directions part");
-ABSL_FLAG(bool, gemm, true, "Measure the slowdown of a concurrent GEMM");
+ABSL_FLAG(bool, gemm, true,
+          "Run the interference part: transfers beside --loads");
+ABSL_FLAG(std::string, loads, "gemm,decode",
+          "Loads of the interference part: gemm (a loop of --gemm_n^3 bf16 "
+          "GEMMs), decode (a decode-step proxy graph)");
 ABSL_FLAG(int32_t, gemm_n, 8192,
           "GEMM size (n x n x n, bf16, fp32 accumulate)");
 ABSL_FLAG(int32_t, gemm_iters, 200, "GEMMs per timed window");
-ABSL_FLAG(std::string, gemm_layout, "a", "Layout the GEMM part transfers");
+ABSL_FLAG(int32_t, decode_steps, 60, "Decode-proxy steps per timed window");
+ABSL_FLAG(int32_t, gemm_rounds, 3,
+          "Windows with a transfer per configuration of the interference "
+          "part, each between two windows without (slowdown: their median)");
+ABSL_FLAG(std::string, gemm_layouts, "a",
+          "Layouts the interference part transfers ('all': every selected "
+          "one)");
 ABSL_FLAG(std::string, cublas_lib, "",
           "Path of libcublas.so to dlopen (default: search the usual places)");
 ABSL_FLAG(bool, quick, false,
           "About a minute: 8k prefix only, <= 30 repeats, 0.4 s per "
-          "configuration, 100-GEMM windows");
+          "configuration, 50-GEMM and 25-step windows");
 ABSL_FLAG(bool, verify, true, "Cross-check the methods' bytes first");
 ABSL_FLAG(uint64_t, seed, 1, "Random seed");
 
@@ -228,14 +249,17 @@ absl::Status Bench::Setup() {
   sweep_prefix_ = absl::GetFlag(FLAGS_sweep_prefix);
   snapshots_ = std::max<uint32_t>(1, absl::GetFlag(FLAGS_snapshots));
   gemm_n_ = absl::GetFlag(FLAGS_gemm_n);
-  gemm_iters_ = absl::GetFlag(FLAGS_gemm_iters);
+  gemm_iters_ = std::max(1, absl::GetFlag(FLAGS_gemm_iters));
+  decode_steps_ = std::max(1, absl::GetFlag(FLAGS_decode_steps));
+  gemm_rounds_ = std::max(1, absl::GetFlag(FLAGS_gemm_rounds));
   quick_ = absl::GetFlag(FLAGS_quick);
   if (quick_) {
     prefixes_ = {sweep_prefix_};
     policy_.repeats = std::min(policy_.repeats, 30);
     policy_.max_seconds =
         policy_.max_seconds > 0 ? std::min(policy_.max_seconds, 0.4) : 0.4;
-    gemm_iters_ = std::min(gemm_iters_, 100);
+    gemm_iters_ = std::min(gemm_iters_, 50);
+    decode_steps_ = std::min(decode_steps_, 25);
   }
   policy_.min_repeats =
       std::max(1, std::min(policy_.min_repeats, policy_.repeats));

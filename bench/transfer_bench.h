@@ -10,7 +10,10 @@
 //   transfer_bench_layouts.cc    layouts a-e and Bind
 //   transfer_bench_transfers.cc  configurations, random items, Enqueue
 //   transfer_bench_measure.cc    Bench::Run: verify, one- and two-way runs
-//   transfer_bench_gemm.cc       cuBLAS (dlopen) and the GEMM interference
+//   transfer_bench_gemm.cc       cuBLAS (dlopen) and the loads that keep the
+//                                GPU busy (a GEMM loop, a decode-step graph)
+//   transfer_bench_interference.cc  transfers beside a load: slowdown and
+//                                GB/s per layout and configuration
 //   transfer_bench_json.cc       the machine description and Bench::Json
 //
 // Not a library: only transfer_bench's files include it.
@@ -53,7 +56,9 @@ ABSL_DECLARE_FLAG(std::string, kvtier_variants);
 ABSL_DECLARE_FLAG(bool, bidirectional);
 ABSL_DECLARE_FLAG(std::string, bidirectional_layouts);
 ABSL_DECLARE_FLAG(bool, gemm);
-ABSL_DECLARE_FLAG(std::string, gemm_layout);
+ABSL_DECLARE_FLAG(std::string, gemm_layouts);
+ABSL_DECLARE_FLAG(std::string, loads);
+ABSL_DECLARE_FLAG(int32_t, gemm_rounds);
 ABSL_DECLARE_FLAG(std::string, cublas_lib);
 ABSL_DECLARE_FLAG(bool, verify);
 
@@ -188,7 +193,14 @@ absl::StatusOr<Bound> Bind(const LayoutDef& def, uint64_t pool,
 enum class Dir { kEvict, kRehydrate };
 const char* DirName(Dir d);
 
-enum class Method { kContiguous, kLoop, kBatch, kKvtier, kKvtierDirect };
+enum class Method {
+  kContiguous,
+  kLoop,
+  kBatch,
+  kCopy2D,
+  kKvtier,
+  kKvtierDirect
+};
 const char* MethodName(Method m);
 bool IsKvtier(Method m);
 
@@ -242,6 +254,16 @@ class Picker {
   std::mt19937_64 rng_;
 };
 
+// One cudaMemcpy2DAsync (memcpy_2d): `height` lines of `width` bytes.
+struct Copy2D {
+  void* dst = nullptr;
+  size_t dpitch = 0;
+  const void* src = nullptr;
+  size_t spitch = 0;
+  size_t width = 0;
+  size_t height = 0;
+};
+
 struct Items {
   std::vector<uint32_t> gpu;   // GPU pages (snapshot slots)
   std::vector<uint32_t> rows;  // host rows
@@ -261,6 +283,9 @@ struct Transfer {
   std::vector<void*> dst;
   std::vector<const void*> src;
   std::vector<size_t> size;
+  // kCopy2D: per item, one 2D copy per group of tensors that are equally
+  // sized, equally spaced on the GPU and back to back in the host row.
+  std::vector<Copy2D> copies2d;
   // kContiguous: offset into both the pool and the arena.
   uint64_t contiguous_offset = 0;
   uint64_t pool = 0, arena_dev = 0;
@@ -350,7 +375,41 @@ struct Cublas {
   DestroyFn destroy = nullptr;
   SetStreamFn set_stream = nullptr;
   GemmExFn gemm = nullptr;
+  // cublasSetWorkspace_v2, where the library has it (a fixed workspace
+  // keeps cuBLAS from allocating while a graph is captured).
+  using SetWorkspaceFn = cublasStatus_t (*)(cublasHandle_t, void*, size_t);
+  SetWorkspaceFn set_workspace = nullptr;
 };
+
+// Work that keeps the GPU busy on its own stream while a transfer runs
+// beside it (transfer_bench_gemm.cc). Window() times a fixed number of
+// units back to back and returns ms per unit.
+class Load {
+ public:
+  virtual ~Load() = default;
+  // "gemm" or "decode".
+  virtual std::string Name() const = 0;
+  // JSON members (no braces) describing the load.
+  virtual std::string DescribeJson() const = 0;
+  virtual absl::StatusOr<double> Window() = 0;
+};
+
+// cuBLAS bf16 GEMMs (n x n x n, fp32 accumulate) back to back on `stream`,
+// `per_window` per window; operands filled with random bf16 through
+// `host_scratch` (pinned, >= 2 n^2 bytes).
+absl::StatusOr<std::unique_ptr<Load>> MakeGemmLoad(const Cublas& cb,
+                                                   cudaStream_t stream, int n,
+                                                   int per_window,
+                                                   uint8_t* host_scratch);
+
+// A decode-step proxy: one CUDA graph of 32 layers of Llama-3-8B's
+// projections at batch 64 (QKV 4096 -> 6144, O 4096 -> 4096, gate/up 4096
+// -> 28672, down 14336 -> 4096, bf16 cuBLAS GEMMs) plus a 1 GiB HBM read (a
+// 64-column GEMM over a 1 GiB matrix, standing in for attention over the
+// KV cache), replayed `per_window` times per window on `stream`.
+absl::StatusOr<std::unique_ptr<Load>> MakeDecodeLoad(const Cublas& cb,
+                                                     cudaStream_t stream,
+                                                     int per_window);
 
 // dlopen()s `override_path`, or else the first libcublas of the usual
 // places that has every symbol Cublas needs. NOT_FOUND listing what it tried.
@@ -394,7 +453,11 @@ class Bench {
   absl::Status MeasureBoth(const Bound& b, const Config& c,
                            uint32_t prefix_tokens, size_t n);
   std::string Verify(const Bound& b);
-  absl::Status Gemm();
+  // The interference part (transfer_bench_interference.cc).
+  absl::Status Interference();
+  absl::Status InterferenceLayout(Load& load, const Bound& b,
+                                  std::vector<std::string>* runs);
+  std::vector<Config> InterferenceConfigs(const Bound& b) const;
   absl::Status FillPool();
   void Fail(const absl::Status& st, absl::string_view where);
   // True once the context is unusable or --deadline_s has passed (noted in
@@ -415,7 +478,8 @@ class Bench {
   uint32_t sweep_prefix_ = 8192;
   uint32_t snapshots_ = 8;
   bool quick_ = false;
-  int gemm_n_ = 8192, gemm_iters_ = 200;
+  int gemm_n_ = 8192, gemm_iters_ = 200, decode_steps_ = 60;
+  int gemm_rounds_ = 3;
 
   cudaDeviceProp prop_{};
   std::string date_;
@@ -435,7 +499,7 @@ class Bench {
   // Results.
   std::vector<Record> records_;
   std::vector<std::string> verify_;  // JSON members
-  std::string gemm_json_ = "null";
+  std::string interference_json_ = "null";
   std::vector<std::string> errors_;
   std::vector<std::pair<std::string, double>> sections_;
   bool dead_ = false;         // the CUDA context is unusable

@@ -1,35 +1,30 @@
-// transfer_bench's GEMM interference part: cuBLAS, dlopen()ed at run time
-// (libcublas.so.13, or --cublas_lib; the GPU-host bundle cannot carry the
-// library, so without it the part is skipped with a note), and Bench::Gemm,
-// which times a bf16 GEMM loop on its own stream alone and while each
-// transfer configuration keeps another stream busy, and records the
-// slowdown and the transfer's GB/s under that load.
+// transfer_bench's loads: cuBLAS, dlopen()ed at run time (libcublas.so.13,
+// or --cublas_lib; the GPU-host bundle cannot carry the library, so without
+// it the interference part is skipped with a note), and the two loads the
+// interference part (transfer_bench_interference.cc) runs beside transfers:
+// a loop of large bf16 GEMMs that holds every SM, and a decode-step proxy
+// replayed from a CUDA graph.
 //
-// Thread-safety: Bench::Gemm runs on the main thread and starts one transfer
-// thread per configuration, which shares only the TransferEngine
-// (thread-safe), atomics and variables the main thread reads after joining
-// it.
+// Thread-safety: a Load is used by one thread (the main thread).
 
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 #include <dlfcn.h>
 
-#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
+#include <memory>
 #include <random>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_join.h"
 #include "bench/transfer_bench.h"
 
 namespace kvtier::bench {
@@ -85,6 +80,8 @@ absl::StatusOr<Cublas> LoadCublas(const std::string& override_path) {
     cb.set_stream =
         reinterpret_cast<Cublas::SetStreamFn>(dlsym(lib, "cublasSetStream_v2"));
     cb.gemm = reinterpret_cast<Cublas::GemmExFn>(dlsym(lib, "cublasGemmEx"));
+    cb.set_workspace = reinterpret_cast<Cublas::SetWorkspaceFn>(
+        dlsym(lib, "cublasSetWorkspace_v2"));
     if (cb.create && cb.destroy && cb.set_stream && cb.gemm) return cb;
     dlclose(lib);
     absl::StrAppend(&tried, " ", c, "(symbols missing)");
@@ -92,194 +89,265 @@ absl::StatusOr<Cublas> LoadCublas(const std::string& override_path) {
   return absl::NotFoundError(absl::StrCat("no usable libcublas; tried", tried));
 }
 
-absl::Status Bench::Gemm() {
-  const std::string layout_key = absl::GetFlag(FLAGS_gemm_layout);
-  const Bound* b = nullptr;
-  for (const Bound& x : bounds_) {
-    if (x.def->key == layout_key) b = &x;
+namespace {
+
+// Fills `bytes` of device memory at `dst` with random bf16 in [-1, 1) (the
+// top half of a float's bits) through `scratch` (pinned host memory of at
+// least `bytes`).
+absl::Status FillBf16(void* dst, uint64_t bytes, uint8_t* scratch,
+                      uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  auto* h = reinterpret_cast<uint16_t*>(scratch);
+  for (uint64_t i = 0; i < bytes / 2; ++i) {
+    const float f = u(rng);
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    h[i] = static_cast<uint16_t>(bits >> 16);
   }
-  if (b == nullptr) {
-    gemm_json_ =
-        absl::StrFormat("{\"skipped\": %s}",
-                        JsonString("layout " + layout_key + " not selected"));
-    return absl::OkStatus();
+  return Cuda(cudaMemcpy(dst, scratch, bytes, cudaMemcpyHostToDevice), "fill");
+}
+
+// Device buffers freed together.
+class DeviceBuffers {
+ public:
+  DeviceBuffers() = default;
+  DeviceBuffers(const DeviceBuffers&) = delete;
+  DeviceBuffers& operator=(const DeviceBuffers&) = delete;
+  ~DeviceBuffers() {
+    for (void* p : ptrs_) cudaFree(p);
   }
-  absl::StatusOr<Cublas> cb = LoadCublas(absl::GetFlag(FLAGS_cublas_lib));
-  if (!cb.ok()) {
-    gemm_json_ = absl::StrFormat("{\"skipped\": %s}",
-                                 JsonString(cb.status().ToString()));
-    Progress("GEMM skipped: %s", cb.status().ToString());
-    return absl::OkStatus();
+  absl::StatusOr<void*> Alloc(uint64_t bytes) {
+    void* p = nullptr;
+    BENCH_RETURN_IF_ERROR(
+        Cuda(cudaMalloc(&p, bytes), absl::StrCat("cudaMalloc ", bytes)));
+    ptrs_.push_back(p);
+    return p;
   }
-  const int n = gemm_n_;
-  const uint64_t elems = static_cast<uint64_t>(n) * n;
-  const uint64_t bytes = elems * 2;
-  if (bytes > arena_bytes_) {
-    return absl::InvalidArgumentError("GEMM operands exceed the staging arena");
-  }
-  void *a = nullptr, *bm = nullptr, *c = nullptr;
-  BENCH_RETURN_IF_ERROR(Cuda(cudaMalloc(&a, bytes), "cudaMalloc A"));
-  BENCH_RETURN_IF_ERROR(Cuda(cudaMalloc(&bm, bytes), "cudaMalloc B"));
-  BENCH_RETURN_IF_ERROR(Cuda(cudaMalloc(&c, bytes), "cudaMalloc C"));
-  // Random bf16 in [-1, 1): the top half of a float's bits.
-  {
-    std::mt19937 rng(7);
-    std::uniform_real_distribution<float> u(-1.f, 1.f);
-    auto* staging = reinterpret_cast<uint16_t*>(arena_);
-    for (void* m : {a, bm}) {
-      for (uint64_t i = 0; i < elems; ++i) {
-        const float f = u(rng);
-        uint32_t bits;
-        std::memcpy(&bits, &f, 4);
-        staging[i] = static_cast<uint16_t>(bits >> 16);
-      }
-      BENCH_RETURN_IF_ERROR(
-          Cuda(cudaMemcpy(m, staging, bytes, cudaMemcpyHostToDevice), "fill"));
+
+ private:
+  std::vector<void*> ptrs_;
+};
+
+// Times `enqueue_window` on `stream` with two events; ms per unit.
+absl::StatusOr<double> TimeWindow(cudaStream_t stream, cudaEvent_t e0,
+                                  cudaEvent_t e1, int units,
+                                  const std::function<absl::Status()>& one) {
+  BENCH_RETURN_IF_ERROR(Cuda(cudaEventRecord(e0, stream), "record"));
+  for (int i = 0; i < units; ++i) BENCH_RETURN_IF_ERROR(one());
+  BENCH_RETURN_IF_ERROR(Cuda(cudaEventRecord(e1, stream), "record"));
+  BENCH_RETURN_IF_ERROR(Cuda(cudaEventSynchronize(e1), "load window"));
+  float ms = 0;
+  BENCH_RETURN_IF_ERROR(Cuda(cudaEventElapsedTime(&ms, e0, e1), "elapsed"));
+  return ms / units;
+}
+
+// Common parts of both loads: the cuBLAS handle on the load's stream, its
+// fixed workspace, the buffers and the window's events.
+class CublasLoad : public Load {
+ public:
+  CublasLoad(const Cublas& cb, cudaStream_t stream, int per_window)
+      : cb_(cb), stream_(stream), per_window_(per_window) {}
+  ~CublasLoad() override {
+    if (stream_ != nullptr) cudaStreamSynchronize(stream_);
+    if (handle_ != nullptr) cb_.destroy(handle_);
+    for (cudaEvent_t e : {e0_, e1_}) {
+      if (e != nullptr) cudaEventDestroy(e);
     }
-    BENCH_RETURN_IF_ERROR(Cuda(cudaMemset(c, 0, bytes), "memset C"));
   }
-  cublasHandle_t handle = nullptr;
-  if (cb->create(&handle) != CUBLAS_STATUS_SUCCESS) {
-    return absl::InternalError("cublasCreate failed");
+
+  absl::Status Init() {
+    BENCH_RETURN_IF_ERROR(Cuda(cudaEventCreate(&e0_), "event"));
+    BENCH_RETURN_IF_ERROR(Cuda(cudaEventCreate(&e1_), "event"));
+    if (cb_.create(&handle_) != CUBLAS_STATUS_SUCCESS) {
+      handle_ = nullptr;
+      return absl::InternalError("cublasCreate failed");
+    }
+    cb_.set_stream(handle_, stream_);
+    if (cb_.set_workspace != nullptr) {
+      constexpr uint64_t kWorkspace = 64 * kMiB;
+      absl::StatusOr<void*> ws = buffers_.Alloc(kWorkspace);
+      if (!ws.ok()) return ws.status();
+      if (cb_.set_workspace(handle_, *ws, kWorkspace) !=
+          CUBLAS_STATUS_SUCCESS) {
+        return absl::InternalError("cublasSetWorkspace failed");
+      }
+    }
+    return absl::OkStatus();
   }
-  cb->set_stream(handle, gemm_stream_);
-  const float alpha = 1.f, beta = 0.f;
-  auto gemm = [&]() -> absl::Status {
+
+  // C (m x n) = A (m x k) B (k x n), column-major bf16, fp32 accumulate.
+  absl::Status Gemm(int m, int n, int k, const void* a, const void* b,
+                    void* c) {
+    const float alpha = 1.f, beta = 0.f;
     const cublasStatus_t s =
-        cb->gemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, n, n, n, &alpha, a,
-                 CUDA_R_16BF, n, bm, CUDA_R_16BF, n, &beta, c, CUDA_R_16BF, n,
+        cb_.gemm(handle_, CUBLAS_OP_N, CUBLAS_OP_N, m, n, k, &alpha, a,
+                 CUDA_R_16BF, m, b, CUDA_R_16BF, k, &beta, c, CUDA_R_16BF, m,
                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
     if (s != CUBLAS_STATUS_SUCCESS) {
       return absl::InternalError(
           absl::StrCat("cublasGemmEx: status ", static_cast<int>(s)));
     }
     return absl::OkStatus();
-  };
-  cudaEvent_t g0, g1;
-  BENCH_RETURN_IF_ERROR(Cuda(cudaEventCreate(&g0), "event"));
-  BENCH_RETURN_IF_ERROR(Cuda(cudaEventCreate(&g1), "event"));
-  // ms per GEMM over one window of gemm_iters_ GEMMs.
-  auto window = [&]() -> absl::StatusOr<double> {
-    BENCH_RETURN_IF_ERROR(Cuda(cudaEventRecord(g0, gemm_stream_), "record"));
-    for (int i = 0; i < gemm_iters_; ++i) BENCH_RETURN_IF_ERROR(gemm());
-    BENCH_RETURN_IF_ERROR(Cuda(cudaEventRecord(g1, gemm_stream_), "record"));
-    BENCH_RETURN_IF_ERROR(Cuda(cudaEventSynchronize(g1), "gemm"));
-    float ms = 0;
-    BENCH_RETURN_IF_ERROR(Cuda(cudaEventElapsedTime(&ms, g0, g1), "elapsed"));
-    return ms / gemm_iters_;
-  };
-  for (int i = 0; i < 20; ++i) BENCH_RETURN_IF_ERROR(gemm());
-  BENCH_RETURN_IF_ERROR(Cuda(cudaStreamSynchronize(gemm_stream_), "warm-up"));
-  absl::StatusOr<double> base = window();
-  if (!base.ok()) return base.status();
-  Progress("GEMM %d^3 bf16 alone: %.3f ms (%.0f TFLOP/s), cuBLAS %s", n, *base,
-           2.0 * n * n * n / (*base / 1e3) / 1e12, cb->path);
-
-  const size_t items = ItemsFor(*b, sweep_prefix_);
-  std::vector<std::string> runs;
-  const std::vector<Config> configs = Configs(/*sweep=*/true);
-  for (Dir dir : {Dir::kEvict, Dir::kRehydrate}) {
-    for (const Config& cfg : configs) {
-      if (Stop()) break;
-      absl::StatusOr<double> alone = window();
-      if (!alone.ok()) return alone.status();
-      TransferEngine* engine = nullptr;
-      if (IsKvtier(cfg.method)) {
-        absl::StatusOr<TransferEngine*> e = Engine(*b, cfg.options);
-        if (!e.ok()) return e.status();
-        engine = *e;
-      }
-      // The background transfer: two in flight at all times until stopped.
-      std::atomic<bool> stop{false};
-      std::atomic<int> enqueued{0};
-      absl::Status bg_status;
-      double bg_ms = 0;
-      uint64_t bg_bytes = 0;
-      Picker gpu_pick(b->gpu_items, rng_()), row_pick(b->host_rows, rng_());
-      std::thread bg([&] {
-        cudaSetDevice(0);
-        cudaEvent_t first, last, done[2];
-        cudaEventCreate(&first);
-        cudaEventCreate(&last);
-        for (cudaEvent_t& e : done) {
-          cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
-        }
-        Transfer t;
-        t.b = b;
-        t.dir = dir;
-        t.method = cfg.method;
-        t.engine = engine;
-        t.pool = reinterpret_cast<uint64_t>(pool_);
-        t.arena_dev = arena_dev_;
-        cudaEventRecord(first, stream_);
-        int i = 0;
-        for (; !stop.load(); ++i) {
-          if (i >= 2) cudaEventSynchronize(done[i % 2]);
-          std::vector<Items> sets(1);
-          PickItems(gpu_pick, row_pick, items, &sets);
-          t.items = std::move(sets[0]);
-          BuildChunks(&t);
-          absl::Status st = Enqueue(t, stream_);
-          if (!st.ok()) {
-            bg_status = st;
-            break;
-          }
-          cudaEventRecord(done[i % 2], stream_);
-          enqueued.store(i + 1);
-        }
-        cudaEventRecord(last, stream_);
-        cudaEventSynchronize(last);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, first, last);
-        bg_ms = ms;
-        bg_bytes = static_cast<uint64_t>(i) * items * b->item_bytes;
-        cudaEventDestroy(first);
-        cudaEventDestroy(last);
-        for (cudaEvent_t& e : done) cudaEventDestroy(e);
-        enqueued.store(1 << 30);  // never leave the main thread waiting
-      });
-      while (enqueued.load() < 2) std::this_thread::yield();
-      absl::StatusOr<double> with = window();
-      stop.store(true);
-      bg.join();
-      if (!with.ok()) return with.status();
-      if (!bg_status.ok()) return bg_status;
-      // The GEMM's own time drifts by a few percent between windows: the
-      // baseline is the mean of the windows just before and just after.
-      absl::StatusOr<double> after = window();
-      if (!after.ok()) return after.status();
-      const double base_ms = (*alone + *after) / 2;
-      const double slowdown = (*with / base_ms - 1) * 100;
-      const double gbps = Gbps(bg_bytes, bg_ms);
-      Progress(
-          "GEMM beside %-9s %-12s ctas=%-3u: %.3f -> %.3f ms (%+.1f%%), "
-          "transfer %.1f GB/s",
-          DirName(dir), cfg.Name(), cfg.ctas, base_ms, *with, slowdown, gbps);
-      runs.push_back(absl::StrFormat(
-          "{\"method\": \"%s\", \"direction\": \"%s\", \"layout\": \"%s\", "
-          "\"prefix_tokens\": %d, \"ctas\": %d, \"sms\": %d, "
-          "\"default_grid\": %s, "
-          "\"gemm_ms_alone\": %.4f, \"gemm_ms_alone_before\": %.4f, "
-          "\"gemm_ms_alone_after\": %.4f, \"gemm_ms_with\": %.4f, "
-          "\"slowdown_pct\": %.2f, \"transfer_gbps\": %.3f}",
-          cfg.Name(), DirName(dir), b->def->key, sweep_prefix_, cfg.ctas,
-          cfg.ctas, cfg.default_grid ? "true" : "false", base_ms, *alone,
-          *after, *with, slowdown, gbps));
-    }
   }
-  cb->destroy(handle);
-  cudaEventDestroy(g0);
-  cudaEventDestroy(g1);
-  cudaFree(a);
-  cudaFree(bm);
-  cudaFree(c);
-  gemm_json_ = absl::StrFormat(
-      "{\"m\": %d, \"n\": %d, \"k\": %d, \"dtype\": \"bf16\", "
-      "\"compute\": \"fp32\", \"gemms_per_window\": %d, \"cublas\": %s, "
-      "\"gemm_ms_alone\": %.4f, \"tflops_alone\": %.1f, \"runs\": [\n  %s]}",
-      n, n, n, gemm_iters_, JsonString(cb->path), *base,
-      2.0 * n * n * n / (*base / 1e3) / 1e12, absl::StrJoin(runs, ",\n  "));
-  return absl::OkStatus();
+
+  absl::StatusOr<double> Window() override {
+    return TimeWindow(stream_, e0_, e1_, per_window_, [this] { return One(); });
+  }
+
+ protected:
+  virtual absl::Status One() = 0;
+
+  const Cublas cb_;
+  const cudaStream_t stream_;
+  const int per_window_;
+  cublasHandle_t handle_ = nullptr;
+  cudaEvent_t e0_ = nullptr, e1_ = nullptr;
+  DeviceBuffers buffers_;
+};
+
+class GemmLoad : public CublasLoad {
+ public:
+  GemmLoad(const Cublas& cb, cudaStream_t stream, int n, int per_window)
+      : CublasLoad(cb, stream, per_window), n_(n) {}
+
+  absl::Status Setup(uint8_t* scratch) {
+    BENCH_RETURN_IF_ERROR(Init());
+    const uint64_t bytes = static_cast<uint64_t>(n_) * n_ * 2;
+    for (void** m : {&a_, &b_, &c_}) {
+      absl::StatusOr<void*> p = buffers_.Alloc(bytes);
+      if (!p.ok()) return p.status();
+      *m = *p;
+    }
+    BENCH_RETURN_IF_ERROR(FillBf16(a_, bytes, scratch, 7));
+    BENCH_RETURN_IF_ERROR(FillBf16(b_, bytes, scratch, 8));
+    BENCH_RETURN_IF_ERROR(Cuda(cudaMemset(c_, 0, bytes), "memset C"));
+    for (int i = 0; i < 20; ++i) BENCH_RETURN_IF_ERROR(One());
+    return Cuda(cudaStreamSynchronize(stream_), "GEMM warm-up");
+  }
+
+  std::string Name() const override { return "gemm"; }
+  std::string DescribeJson() const override {
+    return absl::StrFormat(
+        "\"m\": %d, \"n\": %d, \"k\": %d, \"dtype\": \"bf16\", "
+        "\"compute\": \"fp32\", \"units_per_window\": %d, \"unit\": "
+        "\"one GEMM\", \"cublas\": %s",
+        n_, n_, n_, per_window_, JsonString(cb_.path));
+  }
+
+ protected:
+  absl::Status One() override { return Gemm(n_, n_, n_, a_, b_, c_); }
+
+ private:
+  const int n_;
+  void *a_ = nullptr, *b_ = nullptr, *c_ = nullptr;
+};
+
+class DecodeLoad : public CublasLoad {
+ public:
+  static constexpr int kLayers = 32, kBatch = 64, kHidden = 4096, kQkv = 6144,
+                       kFfn = 14336;
+  // The "attention" read: a kKvRows x kKvCols bf16 matrix (1 GiB).
+  static constexpr int kKvRows = 65536, kKvCols = 8192;
+
+  using CublasLoad::CublasLoad;
+  ~DecodeLoad() override {
+    if (exec_ != nullptr) cudaGraphExecDestroy(exec_);
+    if (graph_ != nullptr) cudaGraphDestroy(graph_);
+  }
+
+  absl::Status Setup() {
+    BENCH_RETURN_IF_ERROR(Init());
+    struct W {
+      void** p;
+      uint64_t elems;
+    };
+    const uint64_t act = static_cast<uint64_t>(kBatch) * 2 * kFfn;
+    for (W w : {W{&qkv_, uint64_t{kQkv} * kHidden},
+                W{&o_, uint64_t{kHidden} * kHidden},
+                W{&gate_up_, uint64_t{2} * kFfn * kHidden},
+                W{&down_, uint64_t{kHidden} * kFfn},
+                W{&kv_, uint64_t{kKvRows} * kKvCols}, W{&x_, act}, W{&y_, act},
+                W{&kv_out_, uint64_t{kKvRows} * kBatch}}) {
+      absl::StatusOr<void*> p = buffers_.Alloc(w.elems * 2);
+      if (!p.ok()) return p.status();
+      // Varied bytes: zeros would let the memory system compress them.
+      BENCH_RETURN_IF_ERROR(Cuda(cudaMemset(*p, 0x3c, w.elems * 2), "memset"));
+      *w.p = *p;
+    }
+    // Capture one step.
+    BENCH_RETURN_IF_ERROR(
+        Cuda(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal),
+             "cudaStreamBeginCapture"));
+    absl::Status st = Step();
+    cudaGraph_t graph = nullptr;
+    const cudaError_t end = cudaStreamEndCapture(stream_, &graph);
+    graph_ = graph;
+    BENCH_RETURN_IF_ERROR(st);
+    BENCH_RETURN_IF_ERROR(Cuda(end, "cudaStreamEndCapture"));
+    BENCH_RETURN_IF_ERROR(
+        Cuda(cudaGraphInstantiate(&exec_, graph_, 0), "cudaGraphInstantiate"));
+    for (int i = 0; i < 5; ++i) BENCH_RETURN_IF_ERROR(One());
+    return Cuda(cudaStreamSynchronize(stream_), "decode warm-up");
+  }
+
+  std::string Name() const override { return "decode"; }
+  std::string DescribeJson() const override {
+    return absl::StrFormat(
+        "\"unit\": \"one decode step (a CUDA graph)\", "
+        "\"units_per_window\": %d, \"layers\": %d, \"batch\": %d, "
+        "\"gemms_per_layer\": \"qkv %dx%d, o %dx%d, gate_up %dx%d, down "
+        "%dx%d (out x in, bf16)\", \"hbm_read_bytes\": %d, "
+        "\"weight_bytes_per_step\": %d, \"cublas\": %s",
+        per_window_, kLayers, kBatch, kQkv, kHidden, kHidden, kHidden, 2 * kFfn,
+        kHidden, kHidden, kFfn, static_cast<int64_t>(kKvRows) * kKvCols * 2,
+        static_cast<int64_t>(kLayers) * 2 *
+            (int64_t{kQkv} * kHidden + int64_t{kHidden} * kHidden +
+             int64_t{2} * kFfn * kHidden + int64_t{kHidden} * kFfn),
+        JsonString(cb_.path));
+  }
+
+ protected:
+  absl::Status One() override {
+    return Cuda(cudaGraphLaunch(exec_, stream_), "cudaGraphLaunch");
+  }
+
+ private:
+  // One step: every layer's projections (one set of weights, re-read from
+  // HBM each layer: 436 MB do not fit the L2), then the KV read.
+  absl::Status Step() {
+    for (int l = 0; l < kLayers; ++l) {
+      BENCH_RETURN_IF_ERROR(Gemm(kQkv, kBatch, kHidden, qkv_, x_, y_));
+      BENCH_RETURN_IF_ERROR(Gemm(kHidden, kBatch, kHidden, o_, y_, x_));
+      BENCH_RETURN_IF_ERROR(Gemm(2 * kFfn, kBatch, kHidden, gate_up_, x_, y_));
+      BENCH_RETURN_IF_ERROR(Gemm(kHidden, kBatch, kFfn, down_, y_, x_));
+    }
+    return Gemm(kKvRows, kBatch, kKvCols, kv_, x_, kv_out_);
+  }
+
+  void *qkv_ = nullptr, *o_ = nullptr, *gate_up_ = nullptr, *down_ = nullptr;
+  void *kv_ = nullptr, *x_ = nullptr, *y_ = nullptr, *kv_out_ = nullptr;
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Load>> MakeGemmLoad(const Cublas& cb,
+                                                   cudaStream_t stream, int n,
+                                                   int per_window,
+                                                   uint8_t* host_scratch) {
+  auto load = std::make_unique<GemmLoad>(cb, stream, n, per_window);
+  BENCH_RETURN_IF_ERROR(load->Setup(host_scratch));
+  return load;
+}
+
+absl::StatusOr<std::unique_ptr<Load>> MakeDecodeLoad(const Cublas& cb,
+                                                     cudaStream_t stream,
+                                                     int per_window) {
+  auto load = std::make_unique<DecodeLoad>(cb, stream, per_window);
+  BENCH_RETURN_IF_ERROR(load->Setup());
+  return load;
 }
 
 }  // namespace kvtier::bench

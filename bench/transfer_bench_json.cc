@@ -164,7 +164,7 @@ std::string Bench::Json() const {
   absl::StrAppend(&out,
                   " \"bidirectional_note\": \"memcpy_loop is not run "
                   "both ways: one host thread enqueues both streams\",\n");
-  absl::StrAppend(&out, " \"gemm\": ", gemm_json_, ",\n");
+  absl::StrAppend(&out, " \"interference\": ", interference_json_, ",\n");
   std::vector<std::string> secs;
   for (const auto& [name, s] : sections_) {
     secs.push_back(absl::StrFormat("%s: %.1f", JsonString(name), s));

@@ -59,7 +59,8 @@ absl::StatusOr<TransferEngine*> Bench::Engine(
 
 std::vector<Config> Bench::Configs(bool sweep) const {
   std::vector<Config> out;
-  for (Method m : {Method::kContiguous, Method::kLoop, Method::kBatch}) {
+  for (Method m :
+       {Method::kContiguous, Method::kLoop, Method::kBatch, Method::kCopy2D}) {
     if (Contains(methods_, MethodName(m))) out.push_back(Baseline(m));
   }
   if (Contains(methods_, MethodName(Method::kKvtier))) {
@@ -264,6 +265,11 @@ std::string Bench::Verify(const Bound& b) {
   if (!st.ok()) return st.ToString();
   std::string diff = compare(loop.rows, batch.rows);
   if (!diff.empty()) return "memcpy_batch evict vs memcpy_loop: " + diff;
+  fill_rows(batch.rows, 0x55);
+  st = run(Baseline(Method::kCopy2D), Dir::kEvict, batch);
+  if (!st.ok()) return st.ToString();
+  diff = compare(loop.rows, batch.rows);
+  if (!diff.empty()) return "memcpy_2d evict vs memcpy_loop: " + diff;
   for (const Config& c : kvtier) {
     fill_rows(kv.rows, 0x33);
     st = run(c, Dir::kEvict, kv);
@@ -361,14 +367,14 @@ void Bench::Run() {
 
   t0 = Elapsed();
   if (absl::GetFlag(FLAGS_gemm) && !Stop()) {
-    absl::Status st = Gemm();
+    absl::Status st = Interference();
     if (!st.ok()) {
-      Fail(st, "gemm");
-      gemm_json_ =
+      Fail(st, "interference");
+      interference_json_ =
           absl::StrFormat("{\"error\": %s}", JsonString(st.ToString()));
     }
   }
-  section("gemm", t0);
+  section("interference", t0);
 }
 
 }  // namespace kvtier::bench

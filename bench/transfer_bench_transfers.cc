@@ -45,6 +45,59 @@ absl::Status BatchCopy(Transfer& t, size_t begin, size_t n, cudaStream_t s) {
       "cudaMemcpyBatchAsync");
 }
 
+// memcpy_2d's copies: per item, tensors grouped greedily into runs that
+// are equally sized, equally spaced on the GPU (one pitch) and back to back
+// in the host row; each run is one 2D copy of `tensors` lines. On vLLM's
+// layer-first buffer (g) and on this benchmark's tensor-major pools (their
+// tensors sit back to back in one pool) a bank's chunks of one page are one
+// run; on block-first pools a page is one line.
+void BuildCopies2D(Transfer* t) {
+  const Bound& b = *t->b;
+  t->copies2d.clear();
+  const size_t n = t->items.gpu.size();
+  for (size_t i = 0; i < n; ++i) {
+    const uint64_t g = t->items.gpu[i];
+    const uint64_t r = t->items.rows[i];
+    for (size_t k = 0; k < b.tensors.size();) {
+      const Tensor& first = b.tensors[k];
+      size_t end = k + 1;
+      uint64_t pitch = 0;
+      while (end < b.tensors.size()) {
+        const Tensor& prev = b.tensors[end - 1];
+        const Tensor& next = b.tensors[end];
+        const uint64_t step = next.gpu_base - prev.gpu_base;
+        if (next.bytes != first.bytes || next.gpu_stride != first.gpu_stride ||
+            next.host_stride != first.host_stride ||
+            next.host_base != prev.host_base + prev.bytes ||
+            next.gpu_base <= prev.gpu_base || (pitch != 0 && step != pitch)) {
+          break;
+        }
+        pitch = step;
+        ++end;
+      }
+      if (pitch == 0) pitch = first.bytes;
+      const uint64_t gpu = first.gpu_base + g * first.gpu_stride;
+      const uint64_t host = first.host_base + r * first.host_stride;
+      Copy2D c;
+      c.width = first.bytes;
+      c.height = end - k;
+      if (t->dir == Dir::kEvict) {
+        c.dst = reinterpret_cast<void*>(host);
+        c.dpitch = first.bytes;
+        c.src = reinterpret_cast<const void*>(gpu);
+        c.spitch = pitch;
+      } else {
+        c.dst = reinterpret_cast<void*>(gpu);
+        c.dpitch = pitch;
+        c.src = reinterpret_cast<const void*>(host);
+        c.spitch = first.bytes;
+      }
+      t->copies2d.push_back(c);
+      k = end;
+    }
+  }
+}
+
 }  // namespace
 
 const char* DirName(Dir d) { return d == Dir::kEvict ? "evict" : "rehydrate"; }
@@ -57,6 +110,8 @@ const char* MethodName(Method m) {
       return "memcpy_loop";
     case Method::kBatch:
       return "memcpy_batch";
+    case Method::kCopy2D:
+      return "memcpy_2d";
     case Method::kKvtier:
       return "kvtier";
     case Method::kKvtierDirect:
@@ -130,6 +185,11 @@ absl::StatusOr<std::vector<Config>> ParseVariants(const std::string& flag) {
       }
       if (p.first == "staging_mib") {
         c.options.staging_bytes = v << 20;
+      } else if (p.first == "first_kib") {
+        c.options.first_slice_bytes = v << 10;
+      } else if (p.first == "prio_default") {
+        c.options.staging_priority = v != 0 ? client::StagingPriority::kDefault
+                                            : client::StagingPriority::kHighest;
       } else if (p.first == "staging_ctas") {
         c.options.staging_ctas = static_cast<uint32_t>(v);
         c.ctas = static_cast<uint32_t>(v);
@@ -147,7 +207,9 @@ absl::StatusOr<std::vector<Config>> ParseVariants(const std::string& flag) {
 // the same options).
 std::string OptionsKey(const client::TransferOptions& o) {
   return absl::StrCat(static_cast<int>(o.path), "/", o.max_ctas, "/",
-                      o.staging_bytes, "/", o.staging_ctas);
+                      o.staging_bytes, "/", o.staging_ctas, "/",
+                      o.first_slice_bytes, "/",
+                      static_cast<int>(o.staging_priority));
 }
 
 void PickItems(Picker& gpu, Picker& rows, size_t n, std::vector<Items>* sets) {
@@ -164,6 +226,10 @@ void BuildChunks(Transfer* t) {
   const Bound& b = *t->b;
   const size_t n = t->items.gpu.size();
   t->bytes = n * b.item_bytes;
+  if (t->method == Method::kCopy2D) {
+    BuildCopies2D(t);
+    return;
+  }
   if (t->method != Method::kLoop && t->method != Method::kBatch) return;
   const size_t count = n * b.tensors.size();
   t->dst.resize(count);
@@ -229,6 +295,14 @@ absl::Status Enqueue(Transfer& t, cudaStream_t s) {
       }
       return absl::OkStatus();
     }
+    case Method::kCopy2D:
+      for (const Copy2D& c : t.copies2d) {
+        const cudaError_t err =
+            cudaMemcpy2DAsync(c.dst, c.dpitch, c.src, c.spitch, c.width,
+                              c.height, cudaMemcpyDefault, s);
+        if (err != cudaSuccess) return Cuda(err, "cudaMemcpy2DAsync");
+      }
+      return absl::OkStatus();
     case Method::kKvtier:
     case Method::kKvtierDirect: {
       if (t.b->def->snapshot()) {

@@ -270,7 +270,10 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
         return CudaError("cudaDeviceGetStreamPriorityRange", err);
       }
       for (Lane& lane : engine->staging_->lanes) {
-        if (absl::Status st = CreateLane(engine->plan_, greatest, &lane);
+        const int priority =
+            options.staging_priority == StagingPriority::kDefault ? 0
+                                                                  : greatest;
+        if (absl::Status st = CreateLane(engine->plan_, priority, &lane);
             !st.ok()) {
           return st;
         }

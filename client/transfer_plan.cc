@@ -224,6 +224,17 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
         absl::StrCat("staging_bytes ", options.staging_bytes, " is not in [1, ",
                      kMaxStagingBytes, "]"));
   }
+  if (options.first_slice_bytes > options.staging_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("first_slice_bytes ", options.first_slice_bytes,
+                     " exceeds staging_bytes ", options.staging_bytes));
+  }
+  if (options.staging_priority != StagingPriority::kHighest &&
+      options.staging_priority != StagingPriority::kDefault) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "staging_priority ", static_cast<uint32_t>(options.staging_priority),
+        " is not a StagingPriority"));
+  }
   if (options.path != TransferPath::kAuto &&
       options.path != TransferPath::kStaged &&
       options.path != TransferPath::kDirect &&
@@ -525,8 +536,15 @@ std::vector<uint32_t> TransferPlan::StagedSlices(CopyDirection direction,
                                                  size_t num_pages) const {
   const uint32_t full = staging_.slice_pages;
   std::vector<uint32_t> sizes;
-  // Ramp: 1/8 of a buffer, then doubling up to a full buffer.
-  uint32_t next = std::max<uint32_t>(1, full / 8);
+  // Ramp: the first slice (options_.first_slice_bytes, else 1/8 of a
+  // buffer), then doubling up to a full buffer.
+  const uint64_t first_pages =
+      options_.first_slice_bytes == 0
+          ? full / 8
+          : options_.first_slice_bytes /
+                std::max<uint64_t>(1, staging_.page_bytes);
+  uint32_t next = static_cast<uint32_t>(
+      std::clamp<uint64_t>(first_pages, 1, std::max<uint32_t>(1, full)));
   for (size_t left = num_pages; left > 0;) {
     const uint32_t n = static_cast<uint32_t>(std::min<size_t>(next, left));
     sizes.push_back(n);

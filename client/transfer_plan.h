@@ -98,6 +98,15 @@ inline constexpr uint64_t kMinCopyEngineRunBytes = 256ull << 10;
 // the link for rows of 1-8 MiB (docs/benchmarks.md).
 inline constexpr uint64_t kDefaultStagingBytes = 16ull << 20;
 inline constexpr uint64_t kMaxStagingBytes = 1ull << 30;
+// The priority of the staged path's kernel streams.
+enum class StagingPriority : uint32_t {
+  kHighest = 0,  // the device's greatest stream priority (the default)
+  kDefault = 1,  // the default priority, like the engine's own streams
+};
+
+// Default first staged slice (TransferOptions::first_slice_bytes).
+inline constexpr uint64_t kDefaultFirstSliceBytes = 0;
+
 // Default grid of the staged gather / scatter: at most 8 SMs, each busy for
 // a short burst per slice.
 inline constexpr uint32_t kDefaultStagingCtas = 8;
@@ -114,6 +123,17 @@ struct TransferOptions {
   uint64_t staging_bytes = kDefaultStagingBytes;
   // CTAs of the staged gather / scatter, in [1, kernels::kMaxCtasLimit].
   uint32_t staging_ctas = kDefaultStagingCtas;
+  // Priority of the staged path's kernel streams (the gathers / scatters).
+  // Beside compute that holds every SM, neither priority lets a gather in
+  // before the running kernel ends (issue 16's probe); it stays a knob for
+  // the benchmark's frontier.
+  StagingPriority staging_priority = StagingPriority::kHighest;
+  // Bytes of the first staged slice of an eviction (the last of a
+  // rehydration), rounded down to whole pages and at least one page: the
+  // copy engine waits for that slice's gather before it starts, so a small
+  // one shortens the pipeline's fill on small transfers; the next slices
+  // double up to a full buffer. 0: an eighth of a buffer.
+  uint64_t first_slice_bytes = kDefaultFirstSliceBytes;
 };
 
 // One copy-engine copy: `bytes` bytes between device address `device` (a

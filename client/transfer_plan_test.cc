@@ -448,6 +448,58 @@ TEST(TransferPlan, RejectsBadCalls) {
   EXPECT_NE(st.message().find("row 3 is out of range"), std::string::npos);
 }
 
+// --------------------------------------------------------- staged ramp --
+
+// The slices of a staged transfer: the first of an eviction (the last of a
+// rehydration) is first_slice_bytes in whole pages (an eighth of a buffer
+// by default), then they double up to a full buffer.
+TEST(TransferPlan, StagedSlicesRampFromTheFirstSlice) {
+  PlanInputs s;
+  const uint64_t page = 4 * 4096 + 400;  // both banks' row strides
+  auto sizes = [&](uint64_t first_slice_bytes, kernels::CopyDirection d,
+                   size_t pages) {
+    TransferOptions o;
+    o.path = TransferPath::kStaged;
+    o.staging_bytes = 32 * page;
+    o.first_slice_bytes = first_slice_bytes;
+    absl::StatusOr<TransferPlan> plan =
+        TransferPlan::Create(s.pool, s.banks, s.snapshot, o);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    EXPECT_EQ(plan->staging().slice_pages, 32u);
+    return plan->StagedSlices(d, pages);
+  };
+  using V = std::vector<uint32_t>;
+  const auto out = kernels::CopyDirection::kToHost;
+  const auto in = kernels::CopyDirection::kFromHost;
+  EXPECT_EQ(sizes(0, out, 64), (V{4, 8, 16, 32, 4}));
+  EXPECT_EQ(sizes(page, out, 64), (V{1, 2, 4, 8, 16, 32, 1}));
+  EXPECT_EQ(sizes(3 * page - 1, out, 10), (V{2, 4, 4}));
+  EXPECT_EQ(sizes(page - 1, out, 3), (V{1, 2}));  // at least one page
+  EXPECT_EQ(sizes(32 * page, out, 40), (V{32, 8}));
+  EXPECT_EQ(sizes(page, in, 64), (V{1, 32, 16, 8, 4, 2, 1}));
+}
+
+TEST(TransferPlan, RejectsBadStagingOptions) {
+  PlanInputs s;
+  {
+    TransferOptions o;
+    o.staging_bytes = 1 << 20;
+    o.first_slice_bytes = (1 << 20) + 1;
+    auto plan = TransferPlan::Create(s.pool, s.banks, s.snapshot, o);
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(plan.status().message().find("first_slice_bytes"),
+              std::string::npos);
+  }
+  {
+    TransferOptions o;
+    o.staging_priority = static_cast<StagingPriority>(7);
+    auto plan = TransferPlan::Create(s.pool, s.banks, s.snapshot, o);
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(plan.status().message().find("staging_priority 7"),
+              std::string::npos);
+  }
+}
+
 // ----------------------------------------------------- copy-engine path --
 
 // One bank "kv" of kTensors tensors of `bytes` each, block-first on the GPU

@@ -477,6 +477,13 @@ void RoundTripAllPaths(const std::vector<BankSpec>& spec, Options opt,
   ASSERT_NO_FATAL_FAILURE(RoundTrip(spec, opt, n, Direct()));
   SCOPED_TRACE("staged, 3-page buffers");
   ASSERT_NO_FATAL_FAILURE(RoundTrip(spec, opt, n, Staged(3 * page)));
+  // One-page first slices and kernel streams at the default priority: the
+  // benchmark's knobs move the same bytes.
+  SCOPED_TRACE("staged, one-page first slice, default priority");
+  TransferOptions knobs = Staged(8 * page);
+  knobs.first_slice_bytes = page;
+  knobs.staging_priority = StagingPriority::kDefault;
+  ASSERT_NO_FATAL_FAILURE(RoundTrip(spec, opt, n, knobs));
 }
 
 TEST(TransferEngineGpu, Bf16RoundTripMatchesReference) {

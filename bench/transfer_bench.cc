@@ -160,7 +160,8 @@ ABSL_FLAG(std::string, staging_ctas, "2,4,8",
 ABSL_FLAG(std::string, kvtier_variants, "",
           "Extra staged configurations at --sweep_prefix, ','-separated "
           "name:key=value;key=value (keys: staging_mib, staging_ctas, "
-          "first_kib, prio_default=0|1, path=auto|staged|direct|copy_engine)");
+          "first_kib, prio_default=0|1, ce_share (percent), "
+          "path=auto|staged|direct|copy_engine)");
 ABSL_FLAG(double, deadline_s, 0,
           "Stop starting measurements after this many seconds and print what "
           "was measured (0: no deadline)");

@@ -185,6 +185,8 @@ absl::StatusOr<std::vector<Config>> ParseVariants(const std::string& flag) {
       }
       if (p.first == "staging_mib") {
         c.options.staging_bytes = v << 20;
+      } else if (p.first == "ce_share") {
+        c.options.copy_engine_share = static_cast<uint32_t>(v);
       } else if (p.first == "first_kib") {
         c.options.first_slice_bytes = v << 10;
       } else if (p.first == "prio_default") {
@@ -206,10 +208,10 @@ absl::StatusOr<std::vector<Config>> ParseVariants(const std::string& flag) {
 // A key naming the engine options of `c` (engines are shared by configs with
 // the same options).
 std::string OptionsKey(const client::TransferOptions& o) {
-  return absl::StrCat(static_cast<int>(o.path), "/", o.max_ctas, "/",
-                      o.staging_bytes, "/", o.staging_ctas, "/",
-                      o.first_slice_bytes, "/",
-                      static_cast<int>(o.staging_priority));
+  return absl::StrCat(
+      static_cast<int>(o.path), "/", o.max_ctas, "/", o.staging_bytes, "/",
+      o.staging_ctas, "/", o.first_slice_bytes, "/",
+      static_cast<int>(o.staging_priority), "/", o.copy_engine_share);
 }
 
 void PickItems(Picker& gpu, Picker& rows, size_t n, std::vector<Items>* sets) {

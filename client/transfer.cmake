@@ -40,6 +40,9 @@ kvtier_test(block_hash_test
 kvtier_test(transfer_plan_test
   SOURCES ${_kvtier_client_dir}/transfer_plan_test.cc
   LIBS kvtier_transfer)
+kvtier_test(transfer_plan_2d_test
+  SOURCES ${_kvtier_client_dir}/transfer_plan_2d_test.cc
+  LIBS kvtier_transfer)
 kvtier_test(transfer_engine_test
   SOURCES ${_kvtier_client_dir}/transfer_engine_test.cc
   LIBS kvtier_transfer)

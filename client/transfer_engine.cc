@@ -71,13 +71,17 @@ struct Lane {
   absl::Mutex mu;
   cudaStream_t kernel_stream = nullptr;  // high priority
   cudaStream_t copy_stream = nullptr;
-  cudaEvent_t fork = nullptr;  // the caller's stream at a call's start
-  cudaEvent_t done = nullptr;  // the lane at a call's end
+  // The copy-engine share's 2D copies (TransferOptions::copy_engine_share).
+  cudaStream_t side_stream = nullptr;
+  cudaEvent_t fork = nullptr;       // the caller's stream at a call's start
+  cudaEvent_t done = nullptr;       // the lane at a call's end
+  cudaEvent_t side_done = nullptr;  // the side stream at a call's end
   Buffer buffers[kStagingBuffers];
 
   uint64_t next_buffer ABSL_GUARDED_BY(mu) = 0;
   // Scratch, kept to spare allocations per call.
   std::vector<EngineCopy> copies ABSL_GUARDED_BY(mu);
+  std::vector<EngineCopy2D> copies2d ABSL_GUARDED_BY(mu);
   std::vector<void*> dsts ABSL_GUARDED_BY(mu);
   std::vector<const void*> srcs ABSL_GUARDED_BY(mu);
   std::vector<size_t> sizes ABSL_GUARDED_BY(mu);
@@ -110,6 +114,15 @@ absl::Status CreateLane(const TransferPlan& plan, int priority, Lane* lane) {
   if (absl::Status s = NewEvent(&lane->fork); !s.ok()) return s;
   if (absl::Status s = NewEvent(&lane->done); !s.ok()) return s;
   if (plan.path() != TransferPath::kStaged) return absl::OkStatus();
+  if (plan.options().copy_engine_share > 0) {
+    if (cudaError_t err = cudaStreamCreateWithFlags(&lane->side_stream,
+                                                    cudaStreamNonBlocking);
+        err != cudaSuccess) {
+      lane->side_stream = nullptr;
+      return CudaError("cudaStreamCreateWithFlags", err);
+    }
+    if (absl::Status s = NewEvent(&lane->side_done); !s.ok()) return s;
+  }
   for (Lane::Buffer& b : lane->buffers) {
     if (cudaError_t err = cudaMalloc(&b.base, plan.staging().buffer_bytes);
         err != cudaSuccess) {
@@ -130,7 +143,8 @@ absl::Status CreateLane(const TransferPlan& plan, int priority, Lane* lane) {
 // Waits for everything enqueued on the lane's streams, then destroys them,
 // its events and its buffers. Handles that were never created are skipped.
 void DestroyLane(Lane* lane) {
-  for (cudaStream_t s : {lane->kernel_stream, lane->copy_stream}) {
+  for (cudaStream_t s :
+       {lane->kernel_stream, lane->copy_stream, lane->side_stream}) {
     if (s != nullptr) cudaStreamSynchronize(s);
   }
   for (Lane::Buffer& b : lane->buffers) {
@@ -139,10 +153,11 @@ void DestroyLane(Lane* lane) {
       if (e != nullptr) cudaEventDestroy(e);
     }
   }
-  for (cudaEvent_t e : {lane->fork, lane->done}) {
+  for (cudaEvent_t e : {lane->fork, lane->done, lane->side_done}) {
     if (e != nullptr) cudaEventDestroy(e);
   }
-  for (cudaStream_t s : {lane->kernel_stream, lane->copy_stream}) {
+  for (cudaStream_t s :
+       {lane->kernel_stream, lane->copy_stream, lane->side_stream}) {
     if (s != nullptr) cudaStreamDestroy(s);
   }
   cudaGetLastError();
@@ -188,6 +203,27 @@ absl::Status IssueCopies(Lane* lane, CopyDirection direction)
           lane->dsts.size(), &attr, &attr_index, 1, lane->copy_stream);
       err != cudaSuccess) {
     return CudaError("cudaMemcpyBatchAsync", err);
+  }
+  return absl::OkStatus();
+}
+
+// Enqueues lane->copies2d on the lane's side stream, one cudaMemcpy2DAsync
+// each.
+absl::Status IssueCopies2D(Lane* lane, CopyDirection direction)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane->mu) {
+  const bool to_host = direction == CopyDirection::kToHost;
+  for (const EngineCopy2D& c : lane->copies2d) {
+    void* dst = reinterpret_cast<void*>(to_host ? c.host : c.device);
+    const void* src =
+        reinterpret_cast<const void*>(to_host ? c.device : c.host);
+    const size_t dpitch = to_host ? c.host_pitch : c.device_pitch;
+    const size_t spitch = to_host ? c.device_pitch : c.host_pitch;
+    if (cudaError_t err =
+            cudaMemcpy2DAsync(dst, dpitch, src, spitch, c.width, c.lines,
+                              cudaMemcpyDefault, lane->side_stream);
+        err != cudaSuccess) {
+      return CudaError("cudaMemcpy2DAsync", err);
+    }
   }
   return absl::OkStatus();
 }
@@ -306,7 +342,9 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
 size_t TransferEngine::SlicesFor(CopyDirection direction,
                                  size_t num_pages) const {
   if (path_ == TransferPath::kStaged) {
-    return plan_.StagedSlices(direction, num_pages).size();
+    const size_t side = plan_.CopyEngineSharePages(num_pages);
+    return plan_.StagedSlices(direction, num_pages - side).size() +
+           (side > 0 ? 1 : 0);
   }
   if (path_ == TransferPath::kCopyEngine) return num_pages > 0 ? 1 : 0;
   return TransferPlan::NumSlices(num_pages);
@@ -430,8 +468,10 @@ absl::Status TransferEngine::StagedPages(CopyDirection direction,
   const cudaStream_t caller = static_cast<cudaStream_t>(stream);
   const bool evict = direction == CopyDirection::kToHost;
   Lane& lane = staging_->lanes[evict ? 0 : 1];
-  const std::vector<uint32_t> sizes =
-      plan_.StagedSlices(direction, gpu_pages.size());
+  // The last `side` pages go through the copy engine directly.
+  const size_t side = plan_.CopyEngineSharePages(gpu_pages.size());
+  const size_t staged = gpu_pages.size() - side;
+  const std::vector<uint32_t> sizes = plan_.StagedSlices(direction, staged);
   PageCopyParams params;  // ~31 KiB on the stack, rebuilt per slice
 
   absl::MutexLock lock(&lane.mu);
@@ -439,6 +479,16 @@ absl::Status TransferEngine::StagedPages(CopyDirection direction,
   absl::Status status = Record(lane.fork, caller);
   if (status.ok()) status = Wait(lane.kernel_stream, lane.fork);
   if (status.ok() && !evict) status = Wait(lane.copy_stream, lane.fork);
+  bool side_forked = false;
+  if (status.ok() && side > 0) {
+    status = Wait(lane.side_stream, lane.fork);
+    side_forked = status.ok();
+    lane.copies2d.clear();
+    plan_.PageCopies2D(gpu_pages.subspan(staged), rows.subspan(staged),
+                       &lane.copies2d);
+    if (status.ok()) status = IssueCopies2D(&lane, direction);
+    if (status.ok()) slices_launched_.fetch_add(1, std::memory_order_relaxed);
+  }
   size_t begin = 0;
   for (size_t k = 0; status.ok() && k < sizes.size(); ++k) {
     Lane::Buffer& buf = lane.buffers[lane.next_buffer++ % kStagingBuffers];
@@ -486,6 +536,10 @@ absl::Status TransferEngine::StagedPages(CopyDirection direction,
   const cudaStream_t last = evict ? lane.copy_stream : lane.kernel_stream;
   absl::Status join = Record(lane.done, last);
   if (join.ok()) join = Wait(caller, lane.done);
+  if (side_forked) {
+    if (join.ok()) join = Record(lane.side_done, lane.side_stream);
+    if (join.ok()) join = Wait(caller, lane.side_done);
+  }
   return status.ok() ? join : status;
 #else
   (void)direction;

@@ -224,6 +224,11 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
         absl::StrCat("staging_bytes ", options.staging_bytes, " is not in [1, ",
                      kMaxStagingBytes, "]"));
   }
+  if (options.copy_engine_share > 100) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("copy_engine_share ", options.copy_engine_share,
+                     " is not a percentage in [0, 100]"));
+  }
   if (options.first_slice_bytes > options.staging_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("first_slice_bytes ", options.first_slice_bytes,
@@ -445,6 +450,7 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
       plan.staged_segments_[k].chunk_begin = plan.page_segments_[k].chunk_begin;
     }
   }
+  plan.BuildStrided();
   std::vector<EngineCopy> runs;
   const uint32_t first = 0;
   plan.PageRuns(absl::MakeConstSpan(&first, 1), absl::MakeConstSpan(&first, 1),

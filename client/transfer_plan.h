@@ -28,6 +28,7 @@
 #ifndef KVTIER_CLIENT_TRANSFER_PLAN_H_
 #define KVTIER_CLIENT_TRANSFER_PLAN_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -104,6 +105,9 @@ enum class StagingPriority : uint32_t {
   kDefault = 1,  // the default priority, like the engine's own streams
 };
 
+// Default TransferOptions::copy_engine_share: none.
+inline constexpr uint32_t kDefaultCopyEngineShare = 0;
+
 // Default first staged slice (TransferOptions::first_slice_bytes).
 inline constexpr uint64_t kDefaultFirstSliceBytes = 0;
 
@@ -134,6 +138,12 @@ struct TransferOptions {
   // one shortens the pipeline's fill on small transfers; the next slices
   // double up to a full buffer. 0: an eighth of a buffer.
   uint64_t first_slice_bytes = kDefaultFirstSliceBytes;
+  // Percent of a staged transfer's pages (the last ones) that the copy
+  // engine moves straight between the pool and the rows, on a stream of its
+  // own beside the staged pipeline, with 2D copies (PageCopies2D), in
+  // [0, 100]. The copy engine needs no SMs, so that share keeps moving
+  // while compute holds every SM and the gathers wait.
+  uint32_t copy_engine_share = kDefaultCopyEngineShare;
 };
 
 // One copy-engine copy: `bytes` bytes between device address `device` (a
@@ -144,6 +154,19 @@ struct EngineCopy {
   uint64_t device = 0;
   uint64_t host = 0;
   uint64_t bytes = 0;
+};
+
+// One 2D copy-engine copy (cudaMemcpy2DAsync): `lines` lines of `width`
+// bytes, `device_pitch` apart on the device and `host_pitch` apart on the
+// host, starting at `device` and `host` (the device pointer of a mapped host
+// row). Which is the source depends on the transfer's direction.
+struct EngineCopy2D {
+  uint64_t device = 0;
+  uint64_t host = 0;
+  uint64_t width = 0;
+  uint64_t lines = 0;
+  uint64_t device_pitch = 0;
+  uint64_t host_pitch = 0;
 };
 
 // Where a slice's rows sit in one staging buffer.
@@ -266,6 +289,25 @@ class TransferPlan {
                 absl::Span<const uint32_t> rows,
                 std::vector<EngineCopy>* copies) const;
 
+  // Appends to `*copies` the 2D copies of page gpu_pages[i] <-> row rows[i]
+  // of every page bank: per page, one per run of a bank's tensors that are
+  // equally sized, equally spaced in the pool (one pitch, < 2 GiB) and back
+  // to back in the host row (vLLM's layer-first buffer, or per-layer
+  // tensors allocated back to back: one copy per page and bank), else one
+  // line per tensor. REQUIRES: CheckPages(...).ok().
+  void PageCopies2D(absl::Span<const uint32_t> gpu_pages,
+                    absl::Span<const uint32_t> rows,
+                    std::vector<EngineCopy2D>* copies) const;
+  // 2D copies per page (PageCopies2D of one page); >= 1.
+  uint32_t page_copies_2d() const {
+    return static_cast<uint32_t>(std::max<size_t>(strided_.size(), 1));
+  }
+  // Pages of a staged transfer of `num_pages` pages that go through the
+  // copy engine directly (options().copy_engine_share).
+  size_t CopyEngineSharePages(size_t num_pages) const {
+    return num_pages * options_.copy_engine_share / 100;
+  }
+
   // Appends to `*copies` the copy-engine copies between snapshot slot `slot`
   // and snapshot row `row`: one per segment, adjacent segments that are
   // contiguous on the device as well merged. REQUIRES:
@@ -302,6 +344,16 @@ class TransferPlan {
   std::vector<kernels::PageCopySegment> staged_segments_;
   std::vector<kernels::PageCopySegment> snapshot_segments_;
   uint32_t snapshot_chunks_ = 0;
+  // PageCopies2D's runs of page_segments_: the first segment, how many, and
+  // the device pitch between them.
+  struct Strided {
+    size_t first = 0;
+    uint64_t lines = 0;
+    uint64_t pitch = 0;
+  };
+  std::vector<Strided> strided_;
+  // Groups page_segments_ into strided_ (transfer_plan_copies.cc).
+  void BuildStrided();
 };
 
 }  // namespace kvtier::client

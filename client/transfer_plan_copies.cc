@@ -1,6 +1,7 @@
 // TransferPlan's copy-engine copy lists (client/transfer_plan.h): a staged
-// slice's rows (StagedCopies), the copy-engine path's runs (PageRuns) and a
-// snapshot's segments (SnapshotCopies).
+// slice's rows (StagedCopies), the copy-engine path's runs (PageRuns), the
+// copy-engine share's 2D copies (PageCopies2D) and a snapshot's segments
+// (SnapshotCopies).
 //
 // Thread-safety: see transfer_plan.h (immutable after Create; these are
 // const).
@@ -55,6 +56,47 @@ void TransferPlan::PageRuns(absl::Span<const uint32_t> gpu_pages,
         }
       }
       copies->push_back(EngineCopy{device, host, s.bytes});
+    }
+  }
+}
+
+void TransferPlan::BuildStrided() {
+  // cudaMemcpy2DAsync's pitches must stay below the device's memPitch
+  // (2^31 - 1 on current GPUs).
+  constexpr uint64_t kMaxPitch = (uint64_t{1} << 31) - 1;
+  strided_.clear();
+  for (size_t k = 0; k < page_segments_.size();) {
+    const PageCopySegment& first = page_segments_[k];
+    size_t end = k + 1;
+    uint64_t pitch = 0;
+    for (; end < page_segments_.size(); ++end) {
+      const PageCopySegment& prev = page_segments_[end - 1];
+      const PageCopySegment& next = page_segments_[end];
+      if (next.bytes != first.bytes || next.gpu_stride != first.gpu_stride ||
+          next.host_stride != first.host_stride ||
+          next.host_base != prev.host_base + prev.bytes ||
+          next.gpu_base < prev.gpu_base + prev.bytes) {
+        break;
+      }
+      const uint64_t step = next.gpu_base - prev.gpu_base;
+      if ((pitch != 0 && step != pitch) || step > kMaxPitch) break;
+      pitch = step;
+    }
+    strided_.push_back(Strided{k, end - k, pitch == 0 ? first.bytes : pitch});
+    k = end;
+  }
+}
+
+void TransferPlan::PageCopies2D(absl::Span<const uint32_t> gpu_pages,
+                                absl::Span<const uint32_t> rows,
+                                std::vector<EngineCopy2D>* copies) const {
+  for (size_t i = 0; i < gpu_pages.size(); ++i) {
+    for (const Strided& g : strided_) {
+      const PageCopySegment& s = page_segments_[g.first];
+      copies->push_back(
+          EngineCopy2D{s.gpu_base + gpu_pages[i] * s.gpu_stride,
+                       s.host_base + uint64_t{rows[i]} * s.host_stride, s.bytes,
+                       g.lines, g.pitch, s.bytes});
     }
   }
 }

@@ -484,6 +484,12 @@ void RoundTripAllPaths(const std::vector<BankSpec>& spec, Options opt,
   knobs.first_slice_bytes = page;
   knobs.staging_priority = StagingPriority::kDefault;
   ASSERT_NO_FATAL_FAILURE(RoundTrip(spec, opt, n, knobs));
+  // 40 % of the pages straight through the copy engine (2D copies on the
+  // lane's side stream), the rest staged.
+  SCOPED_TRACE("staged with a 40 % copy-engine share");
+  TransferOptions share = Staged(3 * page);
+  share.copy_engine_share = 40;
+  ASSERT_NO_FATAL_FAILURE(RoundTrip(spec, opt, n, share));
 }
 
 TEST(TransferEngineGpu, Bf16RoundTripMatchesReference) {

@@ -59,6 +59,7 @@ import math
 import os
 import platform
 import re
+import resource
 import shutil
 import socket
 import statistics
@@ -150,6 +151,19 @@ def steal_percent(before: list[int], after: list[int]) -> float:
     """The share of CPU time the hypervisor gave others (noise on a VM)."""
     d = [a - b for a, b in zip(after, before)]
     return round(100.0 * d[7] / max(1, sum(d)), 2)
+
+
+def cpu_split(before: list[int], after: list[int]) -> dict:
+    """CPU-seconds of the whole machine between two cpu_times(): busy (all
+    but idle and iowait), of it softirq (the network stack), and idle."""
+    d = [(a - b) / os.sysconf("SC_CLK_TCK") for a, b in zip(after, before)]
+    return {"busy": round(sum(d) - d[3] - d[4], 2), "softirq": round(d[6], 2),
+            "idle": round(d[3] + d[4], 2)}
+
+
+def children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
 
 
 def reference_rates(value_bytes: int) -> dict:
@@ -300,9 +314,10 @@ def perf_shares(data: str) -> dict:
     return {"percent_of_samples_with_callees": shares, "self_percent_by_dso": by_dso}
 
 
-def prefetch_once(topo, b, nb, hashes, perf_out: str | None) -> dict:
+def prefetch_once(topo, b, nb, hashes, perf_out: str | None, redis) -> dict:
     pages = len(hashes)
     m0, cpu0 = metrics(topo, "b"), thread_cpu(b.proc.pid)
+    p0, r0 = process_cpu(b.proc.pid), sum(process_cpu(redis.procs[h].pid) for h in MASTERS)
     perf = None
     if perf_out:
         perf = subprocess.Popen(["perf", "record", "-q", "-F", "499", "--call-graph",
@@ -310,7 +325,7 @@ def prefetch_once(topo, b, nb, hashes, perf_out: str | None) -> dict:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.5)
     polls = 0
-    t0 = time.perf_counter()
+    t0, mach0 = time.perf_counter(), cpu_times()
     res = nb.prefetch(hashes)
     while True:
         with nb.lookup(hashes, pin=False) as lease:
@@ -325,6 +340,8 @@ def prefetch_once(topo, b, nb, hashes, perf_out: str | None) -> dict:
                                        f"of {pages} pages (B's log: {b.log()[-1500:]})")
         time.sleep(0.005)
     seconds = time.perf_counter() - t0
+    mach = cpu_split(mach0, cpu_times())
+    p1, r1 = process_cpu(b.proc.pid), sum(process_cpu(redis.procs[h].pid) for h in MASTERS)
     if perf is not None:
         perf.send_signal(2)
         perf.wait(timeout=120)
@@ -340,7 +357,11 @@ def prefetch_once(topo, b, nb, hashes, perf_out: str | None) -> dict:
             "fetch_calls": int(fetches), "fetch_seconds": round(fetch_s, 4),
             "fetched_bytes": int(fetched),
             "verify_copy_commit_seconds": round(seconds - fetch_s, 4),
-            "daemon_thread_cpu_seconds": delta(cpu1, cpu0), "lookup_polls": polls}
+            "daemon_thread_cpu_seconds": delta(cpu1, cpu0), "lookup_polls": polls,
+            # CPU-seconds during the prefetch: B's kvtierd (exited threads
+            # included), the three Redis servers, the whole machine.
+            "cpu_seconds": {"kvtierd_b": round(p1 - p0, 2),
+                            "redis": round(r1 - r0, 2), "machine": mach}}
 
 
 def run_slice(args, topo, redis, work, common, hashes, base, value_bytes, slice_pages):
@@ -367,7 +388,7 @@ def run_slice(args, topo, redis, work, common, hashes, base, value_bytes, slice_
                 cb.drop(NAME, hash=hashes[0])  # the rows go, the banks stay
             perf_out = os.path.join(work, f"perf-{slice_pages}.data") \
                 if r == args.repeats else None
-            run = prefetch_once(topo, b, nb, hashes, perf_out)
+            run = prefetch_once(topo, b, nb, hashes, perf_out, redis)
             check_pages(nb, hashes, page_bytes, base)
             run["page_gbps"] = round(pages * page_bytes / run["seconds"] / 1e9, 3)
             run["value_gbps"] = round(pages * value_bytes / run["seconds"] / 1e9, 3)
@@ -430,9 +451,17 @@ def redis_benchmark(args, topo, redis, value_bytes: int, slice_pages: int) -> di
     probe = parse_rps(topo.run("b", base + ["-t", "get", "-n", str(
         len(MASTERS) * pipeline * 20)], timeout=600).stdout, "GET")
     n_get = max(len(MASTERS) * pipeline * 20, int(probe * args.rb_seconds))
-    runs = [parse_rps(topo.run("b", base + ["-t", "get", "-n", str(n_get)],
-                               timeout=600).stdout, "GET")
-            for _ in range(args.rb_repeats)]
+    runs, cpu = [], []
+    for _ in range(args.rb_repeats):
+        c0, m0, t0 = children_cpu(), cpu_times(), time.perf_counter()
+        r0 = sum(process_cpu(redis.procs[h].pid) for h in MASTERS)
+        runs.append(parse_rps(topo.run("b", base + ["-t", "get", "-n", str(n_get)],
+                                       timeout=600).stdout, "GET"))
+        cpu.append({"seconds": round(time.perf_counter() - t0, 3),
+                    "redis_benchmark": round(children_cpu() - c0, 2),
+                    "redis": round(sum(process_cpu(redis.procs[h].pid)
+                                       for h in MASTERS) - r0, 2),
+                    "machine": cpu_split(m0, cpu_times())})
     rps = statistics.median(runs)
     return {"command": " ".join(["redis-benchmark", "-h", topo.addr(MASTERS[0]),
                                  "--cluster", "-c", "3", "-P", str(pipeline), "-d",
@@ -445,6 +474,7 @@ def redis_benchmark(args, topo, redis, value_bytes: int, slice_pages: int) -> di
                         f"GETs each (-P), values of one page's value size (-d)"),
             "keys_per_master": keys, "keys_written_per_master": per_master,
             "set_rps": parse_rps(set_out, "SET"), "get_rps_runs": runs,
+            "get_cpu_seconds_runs": cpu,
             "get_rps": rps,
             "get_value_gbps": round(rps * value_bytes / 1e9, 3)}
 

@@ -282,8 +282,7 @@ PERF_SHARES = {
     "prefetch job (TierCore::RunPrefetch)": r"TierCore::RunPrefetch$",
     "fetch (RedisCluster::Get)": r"RedisCluster::Get$",
     "socket reads (RedisCluster::ReadReplies)": r"RedisCluster::ReadReplies$",
-    "hiredis reply objects (redisReaderGetReply)": r"^redisReaderGetReply$",
-    "std::string copies (of the replies)": r"_M_construct<char const\*> \(inlined\)$",
+    "readv into the arena (RespReader::ReadFrom)": r"RespReader::ReadFrom$",
     "verify (DecodeClusterValue: HMAC-SHA256)": r"DecodeClusterValue$",
     "page faults": r"\[k\] asm_exc_page_fault$",
     "glibc heap trim (madvise)": r"heap_trim \(inlined\)$",
@@ -311,7 +310,17 @@ def perf_shares(data: str) -> dict:
         m = re.match(r"\s*([\d.]+)%\s+(\S+)", line)
         if m and float(m.group(1)) >= 0.5:
             by_dso[m.group(2)] = float(m.group(1))
-    return {"percent_of_samples_with_callees": shares, "self_percent_by_dso": by_dso}
+    sym = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children",
+                          "--sort", "sym", "-g", "none"],
+                         capture_output=True, text=True, timeout=600).stdout
+    by_sym = {}
+    for line in sym.splitlines():
+        m = re.match(r"\s*([\d.]+)%\s+(.*\S)", line)
+        # libcrypto has no symbols: its addresses are in self_percent_by_dso.
+        if m and float(m.group(1)) >= 1.0 and "] 0x" not in m.group(2):
+            by_sym[m.group(2)] = float(m.group(1))
+    return {"percent_of_samples_with_callees": shares, "self_percent_by_dso": by_dso,
+            "self_percent_by_symbol": by_sym}
 
 
 def prefetch_once(topo, b, nb, hashes, perf_out: str | None, redis) -> dict:

@@ -8,7 +8,10 @@
 // up this way), and every few seconds otherwise. A call's keys are
 // pipelined: grouped by node, every node's commands are written before any
 // reply is read, and the replies of all nodes are read as they arrive
-// (poll), so one thread talks to every node at once. MOVED is followed once
+// (poll), so one thread talks to every node at once; hiredis connects and
+// writes, and the pipelines' replies are parsed by daemon/resp_reader.h,
+// which reads a GET's value straight into the caller's ValueArena (no copy
+// but the kernel's). MOVED is followed once
 // (to the named node, after refreshing the map), and ASK once (ASKING, then
 // the command, on the named node).
 //

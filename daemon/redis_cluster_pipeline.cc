@@ -7,13 +7,10 @@
 // ASK replies send their request to the named node in a second round.
 #include <hiredis/hiredis.h>
 #include <poll.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
 #include <numeric>
 #include <optional>
 #include <string_view>

@@ -2,8 +2,10 @@
 // fetched from the cluster tier, checked, copied into newly allocated rows
 // and committed, slice by slice.
 //
-// Per slice: (1) fetch every rank's value of its pages, with no lock, and
-// keep the leading pages whose values all pass DecodeClusterValue; (2) under
+// Per slice: (1) fetch every rank's value of its pages, with no lock, into
+// an arena of the job's (the values are checked where the socket put
+// them), and keep the leading pages whose values all pass
+// DecodeClusterValue; (2) under
 // the namespace's lock, pin the chain's end (the page before the slice),
 // allocate the rows (evicting as a Reserve would) and journal them as
 // reserved; (3) copy with no lock: the rows are allocated-uncommitted and

@@ -240,6 +240,14 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def minor_faults(pids) -> int:
+    total = 0
+    for pid in pids:
+        with open(f"/proc/{pid}/stat") as f:
+            total += int(f.read().rsplit(")", 1)[1].split()[7])
+    return total
+
+
 def delta(after: dict, before: dict) -> dict:
     return {k: round(v - before.get(k, 0.0), 3) for k, v in after.items()
             if v - before.get(k, 0.0) > 0.005}
@@ -327,6 +335,7 @@ def prefetch_once(topo, b, nb, hashes, perf_out: str | None, redis) -> dict:
     pages = len(hashes)
     m0, cpu0 = metrics(topo, "b"), thread_cpu(b.proc.pid)
     p0, r0 = process_cpu(b.proc.pid), sum(process_cpu(redis.procs[h].pid) for h in MASTERS)
+    f0 = minor_faults(redis.procs[h].pid for h in MASTERS)
     perf = None
     if perf_out:
         perf = subprocess.Popen(["perf", "record", "-q", "-F", "499", "--call-graph",
@@ -370,7 +379,8 @@ def prefetch_once(topo, b, nb, hashes, perf_out: str | None, redis) -> dict:
             # CPU-seconds during the prefetch: B's kvtierd (exited threads
             # included), the three Redis servers, the whole machine.
             "cpu_seconds": {"kvtierd_b": round(p1 - p0, 2),
-                            "redis": round(r1 - r0, 2), "machine": mach}}
+                            "redis": round(r1 - r0, 2), "machine": mach},
+            "redis_page_faults": minor_faults(redis.procs[h].pid for h in MASTERS) - f0}
 
 
 def run_slice(args, topo, redis, work, common, hashes, base, value_bytes, slice_pages):
@@ -464,13 +474,16 @@ def redis_benchmark(args, topo, redis, value_bytes: int, slice_pages: int) -> di
     for _ in range(args.rb_repeats):
         c0, m0, t0 = children_cpu(), cpu_times(), time.perf_counter()
         r0 = sum(process_cpu(redis.procs[h].pid) for h in MASTERS)
+        f0 = minor_faults(redis.procs[h].pid for h in MASTERS)
         runs.append(parse_rps(topo.run("b", base + ["-t", "get", "-n", str(n_get)],
                                        timeout=600).stdout, "GET"))
         cpu.append({"seconds": round(time.perf_counter() - t0, 3),
                     "redis_benchmark": round(children_cpu() - c0, 2),
                     "redis": round(sum(process_cpu(redis.procs[h].pid)
                                        for h in MASTERS) - r0, 2),
-                    "machine": cpu_split(m0, cpu_times())})
+                    "machine": cpu_split(m0, cpu_times()),
+                    "redis_page_faults": minor_faults(
+                        redis.procs[h].pid for h in MASTERS) - f0})
     rps = statistics.median(runs)
     return {"command": " ".join(["redis-benchmark", "-h", topo.addr(MASTERS[0]),
                                  "--cluster", "-c", "3", "-P", str(pipeline), "-d",

@@ -25,7 +25,9 @@ namespace. Steps:
      GB/s of page bytes and of value bytes (header and MAC included), and
      from B's metrics the seconds its Fetch calls took (sending the GETs,
      reading the replies, copying them out); the rest is verifying values
-     (HMAC-SHA256), copying them into the banks and committing. The
+     (HMAC-SHA256), copying them into the banks and committing; and the
+     CPU-seconds of B's kvtierd (exited threads included), of the Redis
+     servers and of the whole machine (busy, softirq, idle). The
      first run fills fresh bank pages (page faults), so the JSON keeps
      `first` apart from the `warm` runs (the prefix dropped between runs,
      the banks kept). B's bytes are checked: every page's first 8 bytes, and
@@ -234,18 +236,22 @@ def thread_cpu(pid: int) -> dict:
     return out
 
 
-def process_cpu(pid: int) -> float:
+def stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat past the command name (the process: exited threads
+    included)."""
     with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def process_cpu(pid: int) -> float:
+    fields = stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def minor_faults(pids) -> int:
-    total = 0
-    for pid in pids:
-        with open(f"/proc/{pid}/stat") as f:
-            total += int(f.read().rsplit(")", 1)[1].split()[7])
-    return total
+def redis_usage(redis) -> tuple[float, int]:
+    """CPU-seconds and minor page faults of the Redis masters so far."""
+    pids = [redis.procs[h].pid for h in MASTERS]
+    return sum(process_cpu(p) for p in pids), sum(int(stat_fields(p)[7]) for p in pids)
 
 
 def delta(after: dict, before: dict) -> dict:
@@ -298,31 +304,28 @@ PERF_SHARES = {
 }
 
 
+def perf_report(data: str, children: str, sort: str) -> list[str]:
+    return subprocess.run(["perf", "report", "-i", data, "--stdio", children, "--sort",
+                           sort, "-g", "none"], capture_output=True, text=True,
+                          timeout=600).stdout.splitlines()
+
+
 def perf_shares(data: str) -> dict:
-    out = subprocess.run(["perf", "report", "-i", data, "--stdio", "--children",
-                          "--sort", "sym", "-g", "none"],
-                         capture_output=True, text=True, timeout=600).stdout
     shares = {}
-    for line in out.splitlines():
+    for line in perf_report(data, "--children", "sym"):
         m = re.match(r"\s*([\d.]+)%\s+[\d.]+%\s+(.*\S)", line)
         if not m:
             continue
         for label, rx in PERF_SHARES.items():
             if re.search(rx, m.group(2)):
                 shares[label] = max(shares.get(label, 0.0), float(m.group(1)))
-    dso = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children",
-                          "--sort", "dso", "-g", "none"],
-                         capture_output=True, text=True, timeout=600).stdout
     by_dso = {}
-    for line in dso.splitlines():
+    for line in perf_report(data, "--no-children", "dso"):
         m = re.match(r"\s*([\d.]+)%\s+(\S+)", line)
         if m and float(m.group(1)) >= 0.5:
             by_dso[m.group(2)] = float(m.group(1))
-    sym = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children",
-                          "--sort", "sym", "-g", "none"],
-                         capture_output=True, text=True, timeout=600).stdout
     by_sym = {}
-    for line in sym.splitlines():
+    for line in perf_report(data, "--no-children", "sym"):
         m = re.match(r"\s*([\d.]+)%\s+(.*\S)", line)
         # libcrypto has no symbols: its addresses are in self_percent_by_dso.
         if m and float(m.group(1)) >= 1.0 and "] 0x" not in m.group(2):
@@ -334,8 +337,7 @@ def perf_shares(data: str) -> dict:
 def prefetch_once(topo, b, nb, hashes, perf_out: str | None, redis) -> dict:
     pages = len(hashes)
     m0, cpu0 = metrics(topo, "b"), thread_cpu(b.proc.pid)
-    p0, r0 = process_cpu(b.proc.pid), sum(process_cpu(redis.procs[h].pid) for h in MASTERS)
-    f0 = minor_faults(redis.procs[h].pid for h in MASTERS)
+    p0, (r0, f0) = process_cpu(b.proc.pid), redis_usage(redis)
     perf = None
     if perf_out:
         perf = subprocess.Popen(["perf", "record", "-q", "-F", "499", "--call-graph",
@@ -359,7 +361,7 @@ def prefetch_once(topo, b, nb, hashes, perf_out: str | None, redis) -> dict:
         time.sleep(0.005)
     seconds = time.perf_counter() - t0
     mach = cpu_split(mach0, cpu_times())
-    p1, r1 = process_cpu(b.proc.pid), sum(process_cpu(redis.procs[h].pid) for h in MASTERS)
+    p1, (r1, f1) = process_cpu(b.proc.pid), redis_usage(redis)
     if perf is not None:
         perf.send_signal(2)
         perf.wait(timeout=120)
@@ -376,11 +378,9 @@ def prefetch_once(topo, b, nb, hashes, perf_out: str | None, redis) -> dict:
             "fetched_bytes": int(fetched),
             "verify_copy_commit_seconds": round(seconds - fetch_s, 4),
             "daemon_thread_cpu_seconds": delta(cpu1, cpu0), "lookup_polls": polls,
-            # CPU-seconds during the prefetch: B's kvtierd (exited threads
-            # included), the three Redis servers, the whole machine.
             "cpu_seconds": {"kvtierd_b": round(p1 - p0, 2),
                             "redis": round(r1 - r0, 2), "machine": mach},
-            "redis_page_faults": minor_faults(redis.procs[h].pid for h in MASTERS) - f0}
+            "redis_page_faults": f1 - f0}
 
 
 def run_slice(args, topo, redis, work, common, hashes, base, value_bytes, slice_pages):
@@ -473,17 +473,14 @@ def redis_benchmark(args, topo, redis, value_bytes: int, slice_pages: int) -> di
     runs, cpu = [], []
     for _ in range(args.rb_repeats):
         c0, m0, t0 = children_cpu(), cpu_times(), time.perf_counter()
-        r0 = sum(process_cpu(redis.procs[h].pid) for h in MASTERS)
-        f0 = minor_faults(redis.procs[h].pid for h in MASTERS)
+        r0, f0 = redis_usage(redis)
         runs.append(parse_rps(topo.run("b", base + ["-t", "get", "-n", str(n_get)],
                                        timeout=600).stdout, "GET"))
+        r1, f1 = redis_usage(redis)
         cpu.append({"seconds": round(time.perf_counter() - t0, 3),
                     "redis_benchmark": round(children_cpu() - c0, 2),
-                    "redis": round(sum(process_cpu(redis.procs[h].pid)
-                                       for h in MASTERS) - r0, 2),
-                    "machine": cpu_split(m0, cpu_times()),
-                    "redis_page_faults": minor_faults(
-                        redis.procs[h].pid for h in MASTERS) - f0})
+                    "redis": round(r1 - r0, 2), "machine": cpu_split(m0, cpu_times()),
+                    "redis_page_faults": f1 - f0})
     rps = statistics.median(runs)
     return {"command": " ".join(["redis-benchmark", "-h", topo.addr(MASTERS[0]),
                                  "--cluster", "-c", "3", "-P", str(pipeline), "-d",

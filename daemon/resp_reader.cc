@@ -20,8 +20,6 @@ namespace {
 constexpr size_t kBufferBytes = 64 << 10;
 static_assert(kBufferBytes > RespReader::kMaxLine + 2);
 
-// Arena blocks are handed out in multiples of this (cache lines).
-constexpr size_t kAlign = 64;
 constexpr size_t kHugePage = 2 << 20;
 
 // A RESP integer: an optional '-' and 1 to 18 digits, nothing else.

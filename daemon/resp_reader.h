@@ -42,6 +42,10 @@ namespace kvtier::daemon {
 // 16,384.
 class ValueArena {
  public:
+  // Each allocation starts at a multiple of this (a cache line): reserve
+  // up to kAlign - 1 bytes more per value.
+  static constexpr size_t kAlign = 64;
+
   ValueArena() = default;
   ~ValueArena();
   ValueArena(const ValueArena&) = delete;

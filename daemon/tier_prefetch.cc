@@ -94,7 +94,9 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
       f.arena = std::move(spare_arenas.back());
       spare_arenas.pop_back();
     }
-    f.arena->Reset(size_t{f.n} * page_bytes);
+    // Room for every value, each rounded up to the arena's alignment.
+    f.arena->Reset(size_t{f.n} *
+                   (page_bytes + size_t{ranks} * ValueArena::kAlign));
     std::vector<std::string> names;
     names.reserve(size_t{f.n} * ranks);
     f.shapes.reserve(size_t{f.n} * ranks);

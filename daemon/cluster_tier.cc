@@ -224,11 +224,11 @@ uint32_t ClusterTier::Probe(
   return found;
 }
 
-std::vector<absl::StatusOr<std::string>> ClusterTier::Fetch(
-    absl::Span<const std::string> keys) {
+std::vector<absl::StatusOr<absl::string_view>> ClusterTier::Fetch(
+    absl::Span<const std::string> keys, ValueArena* arena) {
   const absl::Time start = absl::Now();
-  std::vector<absl::StatusOr<std::string>> values =
-      redis_->Get(keys, start + options_.fetch_deadline);
+  std::vector<absl::StatusOr<absl::string_view>> values =
+      redis_->Get(keys, start + options_.fetch_deadline, arena);
   for (const auto& v : values) {
     if (v.ok()) {
       fetched_values_.fetch_add(1);

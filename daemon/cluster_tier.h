@@ -44,6 +44,7 @@
 #include "daemon/cluster_value.h"
 #include "daemon/kv_event_types.h"
 #include "daemon/redis_cluster.h"
+#include "daemon/resp_reader.h"
 
 namespace kvtier::daemon {
 
@@ -138,10 +139,11 @@ class ClusterTier {
   uint32_t Probe(
       uint32_t pages, uint32_t ranks,
       const std::function<std::string(uint32_t page, uint32_t rank)>& key_of);
-  // GETs of `keys`, bounded by fetch_deadline: result[i] the value,
-  // NOT_FOUND, or the error of its node.
-  std::vector<absl::StatusOr<std::string>> Fetch(
-      absl::Span<const std::string> keys);
+  // GETs of `keys`, bounded by fetch_deadline: result[i] the value (read
+  // straight into `arena`, valid until its next Reset), NOT_FOUND, or the
+  // error of its node.
+  std::vector<absl::StatusOr<absl::string_view>> Fetch(
+      absl::Span<const std::string> keys, ValueArena* arena);
   // Counts a fetched value that failed its checks.
   void CountRejected() { rejected_.fetch_add(1); }
 

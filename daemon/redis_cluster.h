@@ -8,7 +8,10 @@
 // up this way), and every few seconds otherwise. A call's keys are
 // pipelined: grouped by node, every node's commands are written before any
 // reply is read, and the replies of all nodes are read as they arrive
-// (poll), so one thread talks to every node at once. MOVED is followed once
+// (poll), so one thread talks to every node at once; hiredis connects and
+// writes, and the pipelines' replies are parsed by daemon/resp_reader.h,
+// which reads a GET's value straight into the caller's ValueArena (no copy
+// but the kernel's). MOVED is followed once
 // (to the named node, after refreshing the map), and ASK once (ASKING, then
 // the command, on the named node).
 //
@@ -53,6 +56,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "daemon/resp_reader.h"
 
 struct redisContext;  // hiredis
 struct redisReply;
@@ -105,6 +109,13 @@ class RedisCluster {
   // when it passed); resolving a host name is not bounded (give addresses).
   std::vector<absl::StatusOr<std::string>> Get(
       absl::Span<const std::string> keys, absl::Time deadline);
+  // The same GETs, each value read from the socket straight into `arena`
+  // (views valid until its next Reset): no copy but the kernel's. With
+  // `owned` instead of an arena, values go to (*owned)[i] and result[i]
+  // views it.
+  std::vector<absl::StatusOr<absl::string_view>> Get(
+      absl::Span<const std::string> keys, absl::Time deadline,
+      ValueArena* arena, std::vector<std::string>* owned = nullptr);
   // Pipelined EXISTS, same contract: result[i] true/false or an error.
   std::vector<absl::StatusOr<bool>> Exists(absl::Span<const std::string> keys,
                                            absl::Time deadline);
@@ -236,10 +247,10 @@ class RedisCluster {
 
   struct Request;  // one key's command (redis_cluster_pipeline.cc)
   struct Batch;    // one node's share of a pipeline round
-  // Each request's outcome where success is a reply of type `ok_type`
-  // (hiredis's REDIS_REPLY_*): OK, the reply's error, or why none came.
+  // Each request's outcome where success is a reply of type `ok_type`:
+  // OK, the reply's error, or why none came.
   static std::vector<absl::Status> Statuses(
-      const std::vector<Request>& requests, int ok_type,
+      const std::vector<Request>& requests, RespReply::Type ok_type,
       absl::string_view command);
 
   explicit RedisCluster(RedisClusterOptions options);
@@ -286,9 +297,11 @@ class RedisCluster {
 
   // Pipelines (redis_cluster_pipeline.cc): runs every request, following
   // one redirection each; leaves each request with a reply or a status.
-  void Execute(std::vector<Request>& requests, absl::Time deadline);
+  // Bulk strings go to `arena` (null: into their replies).
+  void Execute(std::vector<Request>& requests, absl::Time deadline,
+               ValueArena* arena);
   void RunRound(std::vector<Batch>& batches, std::vector<Request>& requests,
-                absl::Time deadline);
+                absl::Time deadline, ValueArena* arena);
   void ReadReplies(std::vector<Batch>& batches, std::vector<Request>& requests,
                    absl::Time deadline);
   void FailBatch(Batch& batch, std::vector<Request>& requests,

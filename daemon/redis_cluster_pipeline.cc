@@ -1,18 +1,18 @@
 // RedisCluster (daemon/redis_cluster.h): the pipelines. A call's requests
 // are grouped by node; each group's commands are appended to one leased
 // connection and written out, every group before any reply is read; the
-// replies of all groups are then read as they arrive (poll). MOVED and ASK
-// replies send their request to the named node in a second round.
+// replies of all groups are then read as they arrive (poll), by a
+// RespReader per connection (daemon/resp_reader.h: bulk strings straight
+// into the caller's ValueArena, not through hiredis's reader). MOVED and
+// ASK replies send their request to the named node in a second round.
 #include <hiredis/hiredis.h>
 #include <poll.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
-#include <cstdio>
-#include <cstring>
 #include <numeric>
+#include <optional>
 #include <string_view>
 #include <utility>
 
@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/redis_cluster.h"
+#include "daemon/resp_reader.h"
 
 namespace kvtier::daemon {
 
@@ -29,8 +30,8 @@ struct RedisCluster::Request {
   int argc = 0;
   Node* redirect = nullptr;   // the next round's node (MOVED / ASK)
   bool asking = false;        // send ASKING first (an ASK redirection)
-  Node* served_by = nullptr;  // the node that sent `reply`
-  ReplyPtr reply;             // the reply, when one came
+  Node* served_by = nullptr;      // the node that sent `reply`
+  std::optional<RespReply> reply;  // the reply, when one came
   absl::Status status;        // why there is no reply
 };
 
@@ -39,6 +40,7 @@ struct RedisCluster::Batch {
   Node* node;
   std::vector<size_t> items;  // request indices
   Lease lease;
+  std::unique_ptr<RespReader> reader;  // while replies are due
   std::vector<ptrdiff_t> expect;  // per reply due: its request, -1: ASKING's
   size_t next = 0;                // replies read
   bool active = false;            // replies still due
@@ -74,7 +76,7 @@ int PollMillis(absl::Duration d) {
 }  // namespace
 
 void RedisCluster::Execute(std::vector<Request>& requests,
-                           absl::Time deadline) {
+                           absl::Time deadline, ValueArena* arena) {
   std::vector<size_t> todo(requests.size());
   std::iota(todo.begin(), todo.end(), 0);
   bool refresh_now = false;
@@ -114,15 +116,15 @@ void RedisCluster::Execute(std::vector<Request>& requests,
       it->items.push_back(i);
     }
     if (unserved) RequestRefresh(RefreshReason::kNodeDown);
-    RunRound(batches, requests, deadline);
+    RunRound(batches, requests, deadline, arena);
 
     std::vector<size_t> retry;
     refresh_now = false;
     for (const Batch& batch : batches) {
       for (size_t i : batch.items) {
         Request& r = requests[i];
-        if (r.reply == nullptr || r.reply->type != REDIS_REPLY_ERROR) continue;
-        const absl::string_view error(r.reply->str, r.reply->len);
+        if (!r.reply || r.reply->type != RespReply::Type::kError) continue;
+        const absl::string_view error = r.reply->value;
         const bool moved = absl::StartsWith(error, "MOVED ");
         const bool ask = absl::StartsWith(error, "ASK ");
         if (!moved && !ask) continue;
@@ -164,7 +166,7 @@ void RedisCluster::FailBatch(Batch& batch, std::vector<Request>& requests,
 
 void RedisCluster::RunRound(std::vector<Batch>& batches,
                             std::vector<Request>& requests,
-                            absl::Time deadline) {
+                            absl::Time deadline, ValueArena* arena) {
   // Connect and queue every node's commands. A call holds one connection
   // per node while it waits for the next node's, so every call takes them
   // in the same order (by address): no two calls wait on each other.
@@ -224,6 +226,7 @@ void RedisCluster::RunRound(std::vector<Batch>& batches,
           false);
       continue;
     }
+    batch.reader = std::make_unique<RespReader>(arena);
     batch.active = true;
   }
 
@@ -252,36 +255,6 @@ void RedisCluster::RunRound(std::vector<Batch>& batches,
   ReadReplies(batches, requests, deadline);
 }
 
-namespace {
-
-// Reads what `c`'s socket holds (at most buffer.size() bytes, without
-// blocking past one read: poll said it is readable) into its reader.
-// False on an error or EOF, with c->err and c->errstr set as hiredis
-// would set them.
-bool ReadInto(redisContext* c, std::vector<char>& buffer) {
-  ssize_t n;
-  do {
-    n = read(c->fd, buffer.data(), buffer.size());
-  } while (n < 0 && errno == EINTR);
-  if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return true;
-  if (n <= 0) {
-    c->err = n == 0 ? REDIS_ERR_EOF : REDIS_ERR_IO;
-    std::snprintf(
-        c->errstr, sizeof(c->errstr), "%s",
-        n == 0 ? "Server closed the connection" : std::strerror(errno));
-    return false;
-  }
-  if (redisReaderFeed(c->reader, buffer.data(), static_cast<size_t>(n)) !=
-      REDIS_OK) {
-    c->err = c->reader->err;
-    std::snprintf(c->errstr, sizeof(c->errstr), "%s", c->reader->errstr);
-    return false;
-  }
-  return true;
-}
-
-}  // namespace
-
 void RedisCluster::ReadReplies(std::vector<Batch>& batches,
                                std::vector<Request>& requests,
                                absl::Time deadline) {
@@ -293,33 +266,21 @@ void RedisCluster::ReadReplies(std::vector<Batch>& batches,
     live.push_back(&batch);
   }
   std::vector<pollfd> fds;
-  // hiredis 0.14's redisBufferRead reads 16 KiB a call: 128 reads and polls
-  // per MiB value. Read what the socket holds, up to 1 MiB, and feed it to
-  // the reader.
-  std::vector<char> buffer(1 << 20);
+  RespReply reply;
   while (true) {
     // Take every complete reply already read.
     for (Batch* batch : live) {
-      redisContext* c = batch->lease.get();
-      while (batch->active && batch->next < batch->expect.size()) {
-        void* raw = nullptr;
-        if (redisGetReplyFromReader(c, &raw) != REDIS_OK) {
-          FailBatch(*batch, requests,
-                    absl::UnavailableError(
-                        absl::StrCat("redis node ", batch->node->address,
-                                     ": bad reply: ", c->errstr)),
-                    true);
-          break;
-        }
-        if (raw == nullptr) break;
-        ReplyPtr reply(static_cast<redisReply*>(raw));
+      while (batch->active && batch->next < batch->expect.size() &&
+             batch->reader->Next(&reply)) {
         const ptrdiff_t i = batch->expect[batch->next++];
         if (i != kAskingReply) requests[i].reply = std::move(reply);
       }
       if (batch->active && batch->next == batch->expect.size()) {
         batch->active = false;
-        batch->lease.Keep();
+        // A byte past the last reply due: the connection is out of step.
+        if (batch->reader->idle()) batch->lease.Keep();
         batch->lease.Release();
+        batch->reader.reset();
       }
     }
     live.erase(std::remove_if(live.begin(), live.end(),
@@ -357,11 +318,13 @@ void RedisCluster::ReadReplies(std::vector<Batch>& batches,
     for (size_t k = 0; k < live.size(); ++k) {
       Batch* batch = live[k];
       if (n > 0 && fds[k].revents != 0) {
-        if (!ReadInto(batch->lease.get(), buffer)) {
+        if (absl::Status read = batch->reader->ReadFrom(fds[k].fd);
+            !read.ok()) {
           FailBatch(*batch, requests,
-                    absl::UnavailableError(absl::StrCat(
-                        "reading from redis node ", batch->node->address, ": ",
-                        batch->lease.get()->errstr)),
+                    absl::UnavailableError(
+                        absl::StrCat("reading from redis node ",
+                                     batch->node->address, ": ",
+                                     read.message())),
                     true);
         } else {
           batch->last_progress = now;
@@ -392,31 +355,61 @@ absl::Status NoReply(const absl::Status& status) {
 
 }  // namespace
 
-std::vector<absl::StatusOr<std::string>> RedisCluster::Get(
-    absl::Span<const std::string> keys, absl::Time deadline) {
+std::vector<absl::StatusOr<absl::string_view>> RedisCluster::Get(
+    absl::Span<const std::string> keys, absl::Time deadline,
+    ValueArena* arena, std::vector<std::string>* owned) {
   std::vector<Request> requests(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     requests[i].slot = RedisKeySlot(keys[i]);
     requests[i].argv = {"GET", keys[i]};
     requests[i].argc = 2;
   }
-  Execute(requests, deadline);
-  std::vector<absl::StatusOr<std::string>> out;
+  Execute(requests, deadline, arena);
+  std::vector<absl::StatusOr<absl::string_view>> out;
   out.reserve(keys.size());
-  for (Request& r : requests) {
-    const redisReply* reply = r.reply.get();
-    if (reply == nullptr) {
+  if (owned != nullptr) owned->assign(keys.size(), std::string());
+  for (size_t i = 0; i < requests.size(); ++i) {
+    Request& r = requests[i];
+    if (!r.reply) {
       out.push_back(NoReply(r.status));
-    } else if (reply->type == REDIS_REPLY_STRING) {
-      out.push_back(std::string(reply->str, reply->len));
-    } else if (reply->type == REDIS_REPLY_NIL) {
-      out.push_back(absl::NotFoundError("no such redis key"));
-    } else if (reply->type == REDIS_REPLY_ERROR) {
-      out.push_back(ErrorReplyStatus(
-          r.served_by->address, absl::string_view(reply->str, reply->len)));
+      continue;
+    }
+    RespReply& reply = *r.reply;
+    switch (reply.type) {
+      case RespReply::Type::kString:
+        if (owned != nullptr) {
+          (*owned)[i] = std::move(reply).TakeString();
+          out.push_back(absl::string_view((*owned)[i]));
+        } else {
+          out.push_back(reply.value);  // In the arena.
+        }
+        break;
+      case RespReply::Type::kNil:
+        out.push_back(absl::NotFoundError("no such redis key"));
+        break;
+      case RespReply::Type::kError:
+        out.push_back(ErrorReplyStatus(r.served_by->address, reply.value));
+        break;
+      default:
+        out.push_back(absl::InternalError(absl::StrCat(
+            "redis GET: unexpected reply type ", static_cast<int>(reply.type))));
+    }
+  }
+  return out;
+}
+
+std::vector<absl::StatusOr<std::string>> RedisCluster::Get(
+    absl::Span<const std::string> keys, absl::Time deadline) {
+  std::vector<std::string> owned;
+  std::vector<absl::StatusOr<absl::string_view>> views =
+      Get(keys, deadline, nullptr, &owned);
+  std::vector<absl::StatusOr<std::string>> out;
+  out.reserve(views.size());
+  for (size_t i = 0; i < views.size(); ++i) {
+    if (views[i].ok()) {
+      out.push_back(std::move(owned[i]));
     } else {
-      out.push_back(absl::InternalError(
-          absl::StrCat("redis GET: unexpected reply type ", reply->type)));
+      out.push_back(views[i].status());
     }
   }
   return out;
@@ -430,43 +423,41 @@ std::vector<absl::StatusOr<bool>> RedisCluster::Exists(
     requests[i].argv = {"EXISTS", keys[i]};
     requests[i].argc = 2;
   }
-  Execute(requests, deadline);
+  Execute(requests, deadline, nullptr);
   std::vector<absl::StatusOr<bool>> out;
   out.reserve(keys.size());
   for (Request& r : requests) {
-    const redisReply* reply = r.reply.get();
-    if (reply == nullptr) {
+    if (!r.reply) {
       out.push_back(NoReply(r.status));
-    } else if (reply->type == REDIS_REPLY_INTEGER) {
-      out.push_back(reply->integer > 0);
-    } else if (reply->type == REDIS_REPLY_ERROR) {
-      out.push_back(ErrorReplyStatus(
-          r.served_by->address, absl::string_view(reply->str, reply->len)));
+    } else if (r.reply->type == RespReply::Type::kInteger) {
+      out.push_back(r.reply->integer > 0);
+    } else if (r.reply->type == RespReply::Type::kError) {
+      out.push_back(ErrorReplyStatus(r.served_by->address, r.reply->value));
     } else {
       out.push_back(absl::InternalError(
-          absl::StrCat("redis EXISTS: unexpected reply type ", reply->type)));
+          absl::StrCat("redis EXISTS: unexpected reply type ",
+                       static_cast<int>(r.reply->type))));
     }
   }
   return out;
 }
 
 std::vector<absl::Status> RedisCluster::Statuses(
-    const std::vector<Request>& requests, int ok_type,
+    const std::vector<Request>& requests, RespReply::Type ok_type,
     absl::string_view command) {
   std::vector<absl::Status> out;
   out.reserve(requests.size());
   for (const Request& r : requests) {
-    const redisReply* reply = r.reply.get();
-    if (reply == nullptr) {
+    if (!r.reply) {
       out.push_back(NoReply(r.status));
-    } else if (reply->type == ok_type) {
+    } else if (r.reply->type == ok_type) {
       out.push_back(absl::OkStatus());
-    } else if (reply->type == REDIS_REPLY_ERROR) {
-      out.push_back(ErrorReplyStatus(
-          r.served_by->address, absl::string_view(reply->str, reply->len)));
+    } else if (r.reply->type == RespReply::Type::kError) {
+      out.push_back(ErrorReplyStatus(r.served_by->address, r.reply->value));
     } else {
-      out.push_back(absl::InternalError(absl::StrCat(
-          "redis ", command, ": unexpected reply type ", reply->type)));
+      out.push_back(absl::InternalError(
+          absl::StrCat("redis ", command, ": unexpected reply type ",
+                       static_cast<int>(r.reply->type))));
     }
   }
   return out;
@@ -490,8 +481,8 @@ std::vector<absl::Status> RedisCluster::Set(absl::Span<const KeyValue> items,
     requests[i].argv = {"SET", items[i].key, items[i].value, "PX", px};
     requests[i].argc = px.empty() ? 3 : 5;
   }
-  Execute(requests, deadline);
-  return Statuses(requests, REDIS_REPLY_STATUS, "SET");
+  Execute(requests, deadline, nullptr);
+  return Statuses(requests, RespReply::Type::kStatus, "SET");
 }
 
 std::vector<absl::Status> RedisCluster::Del(absl::Span<const std::string> keys,
@@ -502,8 +493,8 @@ std::vector<absl::Status> RedisCluster::Del(absl::Span<const std::string> keys,
     requests[i].argv = {"DEL", keys[i]};
     requests[i].argc = 2;
   }
-  Execute(requests, deadline);
-  return Statuses(requests, REDIS_REPLY_INTEGER, "DEL");
+  Execute(requests, deadline, nullptr);
+  return Statuses(requests, RespReply::Type::kInteger, "DEL");
 }
 
 }  // namespace kvtier::daemon

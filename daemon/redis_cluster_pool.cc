@@ -216,7 +216,9 @@ absl::StatusOr<redisContext*> RedisCluster::Connect(const Node& node,
   int one = 1;
   setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
   // hiredis 0.14 frees an empty input buffer over 16 KiB and grows it
-  // again for the next reply: with MiB values, every reply paid for it.
+  // again for the next reply. Its reader now only reads RunCommand's
+  // replies (AUTH, CLUSTER SLOTS; the pipelines' go through RespReader),
+  // so this matters little; kept so a large slot map does not pay it.
   c->reader->maxbuf = 0;
   if (redisSetTimeout(c, TimevalOf(options_.io_timeout)) != REDIS_OK) {
     return absl::InternalError(

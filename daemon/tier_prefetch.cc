@@ -2,8 +2,10 @@
 // fetched from the cluster tier, checked, copied into newly allocated rows
 // and committed, slice by slice.
 //
-// Per slice: (1) fetch every rank's value of its pages, with no lock, and
-// keep the leading pages whose values all pass DecodeClusterValue; (2) under
+// Per slice: (1) fetch every rank's value of its pages, with no lock, into
+// an arena of the job's (the values are checked where the socket put
+// them), and keep the leading pages whose values all pass
+// DecodeClusterValue; (2) under
 // the namespace's lock, pin the chain's end (the page before the slice),
 // allocate the rows (evicting as a Reserve would) and journal them as
 // reserved; (3) copy with no lock: the rows are allocated-uncommitted and
@@ -18,6 +20,7 @@
 #include <algorithm>
 #include <cstring>
 #include <future>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "daemon/cluster_tier.h"
 #include "daemon/cluster_value.h"
+#include "daemon/resp_reader.h"
 #include "daemon/tier_core.h"
 #include "spdlog/spdlog.h"
 
@@ -35,9 +39,8 @@ namespace {
 // core).
 constexpr size_t kCheckThreads = 4;
 
-// One slice's checked values: values[p * ranks + r] and their rows.
+// One slice's checked values: decoded[p * ranks + r], views of its arena.
 struct Slice {
-  std::vector<std::string> values;
   std::vector<DecodedClusterValue> decoded;
   uint32_t pages = 0;  // Leading pages whose every rank passed.
 };
@@ -71,16 +74,29 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
   // this one is checked, copied and committed (a thread each); values are
   // checked on up to kCheckThreads threads (the HMAC is the costliest step
   // per byte).
+  // Each slice's values are read straight into an arena (no copy but the
+  // kernel's), one per slice in flight, reused from slice to slice.
   struct Pending {
     uint32_t at = 0, n = 0;
     // What each value must be (its key's digest among it), page by page.
     std::vector<ClusterValueShape> shapes;
-    std::future<std::vector<absl::StatusOr<std::string>>> values;
+    std::unique_ptr<ValueArena> arena;
+    std::future<std::vector<absl::StatusOr<absl::string_view>>> values;
   };
+  std::vector<std::unique_ptr<ValueArena>> spare_arenas;
   auto start_fetch = [&](uint32_t at) {
     Pending f;
     f.at = at;
     f.n = std::min(slice_pages, to - at);
+    if (spare_arenas.empty()) {
+      f.arena = std::make_unique<ValueArena>();
+    } else {
+      f.arena = std::move(spare_arenas.back());
+      spare_arenas.pop_back();
+    }
+    // Room for every value, each rounded up to the arena's alignment.
+    f.arena->Reset(size_t{f.n} *
+                   (page_bytes + size_t{ranks} * ValueArena::kAlign));
     std::vector<std::string> names;
     names.reserve(size_t{f.n} * ranks);
     f.shapes.reserve(size_t{f.n} * ranks);
@@ -90,9 +106,11 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
         names.push_back(ClusterKeyName(f.shapes.back().digest));
       }
     }
-    f.values = std::async(
-        std::launch::async,
-        [cluster, names = std::move(names)] { return cluster->Fetch(names); });
+    f.values = std::async(std::launch::async,
+                          [cluster, names = std::move(names),
+                           arena = f.arena.get()] {
+                            return cluster->Fetch(names, arena);
+                          });
     return f;
   };
   Pending next = start_fetch(pos);
@@ -105,14 +123,11 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
     const uint32_t n = current.n;
     // Two slices in flight: the link never idles between them.
     if (pos + n < to) next = start_fetch(pos + n);
-    std::vector<absl::StatusOr<std::string>> fetched = current.values.get();
+    const std::vector<absl::StatusOr<absl::string_view>> fetched =
+        current.values.get();
     // (1) Check every value, in parallel; keep the leading pages whose
     // every rank passed.
     Slice slice;
-    slice.values.resize(fetched.size());
-    for (size_t i = 0; i < fetched.size(); ++i) {
-      if (fetched[i].ok()) slice.values[i] = *std::move(fetched[i]);
-    }
     std::vector<absl::StatusOr<DecodedClusterValue>> checked(
         fetched.size(), absl::UnknownError("not checked"));
     auto check = [&](size_t begin, size_t step) {
@@ -121,8 +136,8 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
           checked[i] = fetched[i].status();
           continue;
         }
-        checked[i] = DecodeClusterValue(cluster->key(), slice.values[i],
-                                        current.shapes[i]);
+        checked[i] =
+            DecodeClusterValue(cluster->key(), *fetched[i], current.shapes[i]);
       }
     };
     const size_t threads = std::min<size_t>(kCheckThreads, fetched.size());
@@ -239,6 +254,7 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
         }
       }
     }
+    spare_arenas.push_back(std::move(current.arena));
     // (4) Commit every rank, journal, move the pin.
     const absl::Span<const HashKey> slice_keys(keys.data() + pos, good);
     {

@@ -25,7 +25,9 @@ namespace. Steps:
      GB/s of page bytes and of value bytes (header and MAC included), and
      from B's metrics the seconds its Fetch calls took (sending the GETs,
      reading the replies, copying them out); the rest is verifying values
-     (HMAC-SHA256), copying them into the banks and committing. The
+     (HMAC-SHA256), copying them into the banks and committing; and the
+     CPU-seconds of B's kvtierd (exited threads included), of the Redis
+     servers and of the whole machine (busy, softirq, idle). The
      first run fills fresh bank pages (page faults), so the JSON keeps
      `first` apart from the `warm` runs (the prefix dropped between runs,
      the banks kept). B's bytes are checked: every page's first 8 bytes, and
@@ -59,6 +61,7 @@ import math
 import os
 import platform
 import re
+import resource
 import shutil
 import socket
 import statistics
@@ -152,6 +155,19 @@ def steal_percent(before: list[int], after: list[int]) -> float:
     return round(100.0 * d[7] / max(1, sum(d)), 2)
 
 
+def cpu_split(before: list[int], after: list[int]) -> dict:
+    """CPU-seconds of the whole machine between two cpu_times(): busy (all
+    but idle and iowait), of it softirq (the network stack), and idle."""
+    d = [(a - b) / os.sysconf("SC_CLK_TCK") for a, b in zip(after, before)]
+    return {"busy": round(sum(d) - d[3] - d[4], 2), "softirq": round(d[6], 2),
+            "idle": round(d[3] + d[4], 2)}
+
+
+def children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
 def reference_rates(value_bytes: int) -> dict:
     """One core: HMAC-SHA256 and memcpy of values, GB/s, over 512 MiB of
     distinct values (as a prefetch sees them: not in any cache)."""
@@ -220,10 +236,22 @@ def thread_cpu(pid: int) -> dict:
     return out
 
 
-def process_cpu(pid: int) -> float:
+def stat_fields(pid: int) -> list[str]:
+    """/proc/PID/stat past the command name (the process: exited threads
+    included)."""
     with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def process_cpu(pid: int) -> float:
+    fields = stat_fields(pid)
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def redis_usage(redis) -> tuple[float, int]:
+    """CPU-seconds and minor page faults of the Redis masters so far."""
+    pids = [redis.procs[h].pid for h in MASTERS]
+    return sum(process_cpu(p) for p in pids), sum(int(stat_fields(p)[7]) for p in pids)
 
 
 def delta(after: dict, before: dict) -> dict:
@@ -268,8 +296,7 @@ PERF_SHARES = {
     "prefetch job (TierCore::RunPrefetch)": r"TierCore::RunPrefetch$",
     "fetch (RedisCluster::Get)": r"RedisCluster::Get$",
     "socket reads (RedisCluster::ReadReplies)": r"RedisCluster::ReadReplies$",
-    "hiredis reply objects (redisReaderGetReply)": r"^redisReaderGetReply$",
-    "std::string copies (of the replies)": r"_M_construct<char const\*> \(inlined\)$",
+    "readv into the arena (RespReader::ReadFrom)": r"RespReader::ReadFrom$",
     "verify (DecodeClusterValue: HMAC-SHA256)": r"DecodeClusterValue$",
     "page faults": r"\[k\] asm_exc_page_fault$",
     "glibc heap trim (madvise)": r"heap_trim \(inlined\)$",
@@ -277,32 +304,40 @@ PERF_SHARES = {
 }
 
 
+def perf_report(data: str, children: str, sort: str) -> list[str]:
+    return subprocess.run(["perf", "report", "-i", data, "--stdio", children, "--sort",
+                           sort, "-g", "none"], capture_output=True, text=True,
+                          timeout=600).stdout.splitlines()
+
+
 def perf_shares(data: str) -> dict:
-    out = subprocess.run(["perf", "report", "-i", data, "--stdio", "--children",
-                          "--sort", "sym", "-g", "none"],
-                         capture_output=True, text=True, timeout=600).stdout
     shares = {}
-    for line in out.splitlines():
+    for line in perf_report(data, "--children", "sym"):
         m = re.match(r"\s*([\d.]+)%\s+[\d.]+%\s+(.*\S)", line)
         if not m:
             continue
         for label, rx in PERF_SHARES.items():
             if re.search(rx, m.group(2)):
                 shares[label] = max(shares.get(label, 0.0), float(m.group(1)))
-    dso = subprocess.run(["perf", "report", "-i", data, "--stdio", "--no-children",
-                          "--sort", "dso", "-g", "none"],
-                         capture_output=True, text=True, timeout=600).stdout
     by_dso = {}
-    for line in dso.splitlines():
+    for line in perf_report(data, "--no-children", "dso"):
         m = re.match(r"\s*([\d.]+)%\s+(\S+)", line)
         if m and float(m.group(1)) >= 0.5:
             by_dso[m.group(2)] = float(m.group(1))
-    return {"percent_of_samples_with_callees": shares, "self_percent_by_dso": by_dso}
+    by_sym = {}
+    for line in perf_report(data, "--no-children", "sym"):
+        m = re.match(r"\s*([\d.]+)%\s+(.*\S)", line)
+        # libcrypto has no symbols: its addresses are in self_percent_by_dso.
+        if m and float(m.group(1)) >= 1.0 and "] 0x" not in m.group(2):
+            by_sym[m.group(2)] = float(m.group(1))
+    return {"percent_of_samples_with_callees": shares, "self_percent_by_dso": by_dso,
+            "self_percent_by_symbol": by_sym}
 
 
-def prefetch_once(topo, b, nb, hashes, perf_out: str | None) -> dict:
+def prefetch_once(topo, b, nb, hashes, perf_out: str | None, redis) -> dict:
     pages = len(hashes)
     m0, cpu0 = metrics(topo, "b"), thread_cpu(b.proc.pid)
+    p0, (r0, f0) = process_cpu(b.proc.pid), redis_usage(redis)
     perf = None
     if perf_out:
         perf = subprocess.Popen(["perf", "record", "-q", "-F", "499", "--call-graph",
@@ -310,7 +345,7 @@ def prefetch_once(topo, b, nb, hashes, perf_out: str | None) -> dict:
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(0.5)
     polls = 0
-    t0 = time.perf_counter()
+    t0, mach0 = time.perf_counter(), cpu_times()
     res = nb.prefetch(hashes)
     while True:
         with nb.lookup(hashes, pin=False) as lease:
@@ -325,6 +360,8 @@ def prefetch_once(topo, b, nb, hashes, perf_out: str | None) -> dict:
                                        f"of {pages} pages (B's log: {b.log()[-1500:]})")
         time.sleep(0.005)
     seconds = time.perf_counter() - t0
+    mach = cpu_split(mach0, cpu_times())
+    p1, (r1, f1) = process_cpu(b.proc.pid), redis_usage(redis)
     if perf is not None:
         perf.send_signal(2)
         perf.wait(timeout=120)
@@ -340,7 +377,10 @@ def prefetch_once(topo, b, nb, hashes, perf_out: str | None) -> dict:
             "fetch_calls": int(fetches), "fetch_seconds": round(fetch_s, 4),
             "fetched_bytes": int(fetched),
             "verify_copy_commit_seconds": round(seconds - fetch_s, 4),
-            "daemon_thread_cpu_seconds": delta(cpu1, cpu0), "lookup_polls": polls}
+            "daemon_thread_cpu_seconds": delta(cpu1, cpu0), "lookup_polls": polls,
+            "cpu_seconds": {"kvtierd_b": round(p1 - p0, 2),
+                            "redis": round(r1 - r0, 2), "machine": mach},
+            "redis_page_faults": f1 - f0}
 
 
 def run_slice(args, topo, redis, work, common, hashes, base, value_bytes, slice_pages):
@@ -367,7 +407,7 @@ def run_slice(args, topo, redis, work, common, hashes, base, value_bytes, slice_
                 cb.drop(NAME, hash=hashes[0])  # the rows go, the banks stay
             perf_out = os.path.join(work, f"perf-{slice_pages}.data") \
                 if r == args.repeats else None
-            run = prefetch_once(topo, b, nb, hashes, perf_out)
+            run = prefetch_once(topo, b, nb, hashes, perf_out, redis)
             check_pages(nb, hashes, page_bytes, base)
             run["page_gbps"] = round(pages * page_bytes / run["seconds"] / 1e9, 3)
             run["value_gbps"] = round(pages * value_bytes / run["seconds"] / 1e9, 3)
@@ -430,9 +470,17 @@ def redis_benchmark(args, topo, redis, value_bytes: int, slice_pages: int) -> di
     probe = parse_rps(topo.run("b", base + ["-t", "get", "-n", str(
         len(MASTERS) * pipeline * 20)], timeout=600).stdout, "GET")
     n_get = max(len(MASTERS) * pipeline * 20, int(probe * args.rb_seconds))
-    runs = [parse_rps(topo.run("b", base + ["-t", "get", "-n", str(n_get)],
-                               timeout=600).stdout, "GET")
-            for _ in range(args.rb_repeats)]
+    runs, cpu = [], []
+    for _ in range(args.rb_repeats):
+        c0, m0, t0 = children_cpu(), cpu_times(), time.perf_counter()
+        r0, f0 = redis_usage(redis)
+        runs.append(parse_rps(topo.run("b", base + ["-t", "get", "-n", str(n_get)],
+                                       timeout=600).stdout, "GET"))
+        r1, f1 = redis_usage(redis)
+        cpu.append({"seconds": round(time.perf_counter() - t0, 3),
+                    "redis_benchmark": round(children_cpu() - c0, 2),
+                    "redis": round(r1 - r0, 2), "machine": cpu_split(m0, cpu_times()),
+                    "redis_page_faults": f1 - f0})
     rps = statistics.median(runs)
     return {"command": " ".join(["redis-benchmark", "-h", topo.addr(MASTERS[0]),
                                  "--cluster", "-c", "3", "-P", str(pipeline), "-d",
@@ -445,6 +493,7 @@ def redis_benchmark(args, topo, redis, value_bytes: int, slice_pages: int) -> di
                         f"GETs each (-P), values of one page's value size (-d)"),
             "keys_per_master": keys, "keys_written_per_master": per_master,
             "set_rps": parse_rps(set_out, "SET"), "get_rps_runs": runs,
+            "get_cpu_seconds_runs": cpu,
             "get_rps": rps,
             "get_value_gbps": round(rps * value_bytes / 1e9, 3)}
 

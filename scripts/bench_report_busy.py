@@ -28,6 +28,13 @@ LABEL = {
     "kvtier[auto]": "**kvtier default**",
     "kvtier[copy_engine]": "kvtier copy-engine path (merged runs)",
     "kvtier[prio_default]": "kvtier staged, 8 CTAs, default priority",
+    # --kvtier_variants of the runs in docs/data (names the runs gave them).
+    "kvtier[s32]": "kvtier staged, 32 MiB buffers",
+    "kvtier[s8]": "kvtier staged, 8 MiB buffers",
+    "kvtier[c16]": "kvtier staged, 16 CTAs",
+    "kvtier[h25]": "kvtier staged + 25 % copy-engine share (2D)",
+    "kvtier[h40]": "kvtier staged + 40 % copy-engine share (2D)",
+    "kvtier[h55]": "kvtier staged + 55 % copy-engine share (2D)",
 }
 
 
@@ -113,7 +120,10 @@ def _targets(data):
                 pct = 100 * dflt["transfer_gbps"] / link
                 bound = cont["slowdown_pct"] + SLOWDOWN_MARGIN
                 ok = pct >= LINK_TARGET and dflt["slowdown_pct"] <= bound
-                fair = [r for r in mine if r["slowdown_pct"] <= bound]
+                # The contiguous copy is the yardstick, not a way to move
+                # scattered pages.
+                fair = [r for r in mine if r["slowdown_pct"] <= bound
+                        and r["method"] != "contiguous"]
                 best = max(fair, key=lambda r: r["transfer_gbps"], default=None)
                 cells += [f"{_fmt(dflt['transfer_gbps'])} ({_fmt(pct, 0)} %)",
                           f"{dflt['slowdown_pct']:+.1f} % (contig. "
@@ -121,7 +131,8 @@ def _targets(data):
                           _mark(ok),
                           (f"{_fmt(best['transfer_gbps'])} ({_fmt(100 * best['transfer_gbps'] / link, 0)} %), "
                            f"{_label(best)}") if best else "—"]
-            rows.append(cells)
+            if any(c != "—" for c in cells[2:]):
+                rows.append(cells)
     if rows:
         out.append("\n**1. Beside a load** (kvtier's default, `path=auto`; "
                    f"% of the link; target ≥ {LINK_TARGET:g} % with the load "

@@ -28,11 +28,11 @@ struct RedisCluster::Request {
   uint16_t slot = 0;
   std::array<std::string_view, 5> argv;  // views of the caller's data
   int argc = 0;
-  Node* redirect = nullptr;   // the next round's node (MOVED / ASK)
-  bool asking = false;        // send ASKING first (an ASK redirection)
-  Node* served_by = nullptr;      // the node that sent `reply`
+  Node* redirect = nullptr;        // the next round's node (MOVED / ASK)
+  bool asking = false;             // send ASKING first (an ASK redirection)
+  Node* served_by = nullptr;       // the node that sent `reply`
   std::optional<RespReply> reply;  // the reply, when one came
-  absl::Status status;        // why there is no reply
+  absl::Status status;             // why there is no reply
 };
 
 struct RedisCluster::Batch {
@@ -75,8 +75,8 @@ int PollMillis(absl::Duration d) {
 
 }  // namespace
 
-void RedisCluster::Execute(std::vector<Request>& requests,
-                           absl::Time deadline, ValueArena* arena) {
+void RedisCluster::Execute(std::vector<Request>& requests, absl::Time deadline,
+                           ValueArena* arena) {
   std::vector<size_t> todo(requests.size());
   std::iota(todo.begin(), todo.end(), 0);
   bool refresh_now = false;
@@ -165,8 +165,8 @@ void RedisCluster::FailBatch(Batch& batch, std::vector<Request>& requests,
 }
 
 void RedisCluster::RunRound(std::vector<Batch>& batches,
-                            std::vector<Request>& requests,
-                            absl::Time deadline, ValueArena* arena) {
+                            std::vector<Request>& requests, absl::Time deadline,
+                            ValueArena* arena) {
   // Connect and queue every node's commands. A call holds one connection
   // per node while it waits for the next node's, so every call takes them
   // in the same order (by address): no two calls wait on each other.
@@ -321,10 +321,9 @@ void RedisCluster::ReadReplies(std::vector<Batch>& batches,
         if (absl::Status read = batch->reader->ReadFrom(fds[k].fd);
             !read.ok()) {
           FailBatch(*batch, requests,
-                    absl::UnavailableError(
-                        absl::StrCat("reading from redis node ",
-                                     batch->node->address, ": ",
-                                     read.message())),
+                    absl::UnavailableError(absl::StrCat(
+                        "reading from redis node ", batch->node->address, ": ",
+                        read.message())),
                     true);
         } else {
           batch->last_progress = now;
@@ -356,8 +355,8 @@ absl::Status NoReply(const absl::Status& status) {
 }  // namespace
 
 std::vector<absl::StatusOr<absl::string_view>> RedisCluster::Get(
-    absl::Span<const std::string> keys, absl::Time deadline,
-    ValueArena* arena, std::vector<std::string>* owned) {
+    absl::Span<const std::string> keys, absl::Time deadline, ValueArena* arena,
+    std::vector<std::string>* owned) {
   std::vector<Request> requests(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     requests[i].slot = RedisKeySlot(keys[i]);
@@ -391,8 +390,9 @@ std::vector<absl::StatusOr<absl::string_view>> RedisCluster::Get(
         out.push_back(ErrorReplyStatus(r.served_by->address, reply.value));
         break;
       default:
-        out.push_back(absl::InternalError(absl::StrCat(
-            "redis GET: unexpected reply type ", static_cast<int>(reply.type))));
+        out.push_back(absl::InternalError(
+            absl::StrCat("redis GET: unexpected reply type ",
+                         static_cast<int>(reply.type))));
     }
   }
   return out;

@@ -159,8 +159,7 @@ absl::Status RespReader::Feed(absl::string_view bytes) {
 absl::Status RespReader::Parse() {
   while (error_.ok()) {
     if (in_body_) {
-      const size_t take =
-          std::min(end_ - begin_, body_size_ - body_got_);
+      const size_t take = std::min(end_ - begin_, body_size_ - body_got_);
       if (take > 0) {
         std::memcpy(body_data_ + body_got_, buffer_.data() + begin_, take);
         begin_ += take;
@@ -250,13 +249,13 @@ absl::Status RespReader::ParseLine(absl::string_view line) {
       return absl::OkStatus();
     }
     default:
-      return absl::InternalError(absl::StrCat(
-          "redis protocol error: unexpected reply type '",
-          absl::CHexEscape(absl::string_view(&type, 1)), "'"));
+      return absl::InternalError(
+          absl::StrCat("redis protocol error: unexpected reply type '",
+                       absl::CHexEscape(absl::string_view(&type, 1)), "'"));
   }
-  return absl::InternalError(absl::StrCat(
-      "redis protocol error: bad header '",
-      absl::CHexEscape(line.substr(0, 64)), "'"));
+  return absl::InternalError(absl::StrCat("redis protocol error: bad header '",
+                                          absl::CHexEscape(line.substr(0, 64)),
+                                          "'"));
 }
 
 }  // namespace kvtier::daemon

@@ -31,10 +31,11 @@ std::string Bulk(const std::string& s) {
 
 TEST(RespReaderTest, EveryReplyTypeInEverySplit) {
   const std::string big(100000, 'x');
-  const std::string stream = "+OK\r\n-MOVED 3999 127.0.0.1:6381\r\n:1\r\n:-42\r\n" +
-                             Bulk("hello") + "$-1\r\n" + Bulk("") + Bulk(big);
-  for (size_t step : {size_t{1}, size_t{2}, size_t{7}, size_t{4096},
-                      stream.size()}) {
+  const std::string stream =
+      "+OK\r\n-MOVED 3999 127.0.0.1:6381\r\n:1\r\n:-42\r\n" + Bulk("hello") +
+      "$-1\r\n" + Bulk("") + Bulk(big);
+  for (size_t step :
+       {size_t{1}, size_t{2}, size_t{7}, size_t{4096}, stream.size()}) {
     SCOPED_TRACE(step);
     ValueArena arena;
     arena.Reset(1 << 20);
@@ -88,8 +89,8 @@ TEST(RespReaderTest, BulkStringsInTheArenaOrTheirOwnString) {
 TEST(RespReaderTest, ProtocolErrorsAreSticky) {
   for (const std::string& bad : std::vector<std::string>{
            "*1\r\n", "$abc\r\n", "$-2\r\n", ":\r\n", ":12x\r\n", "+OK\n",
-        "\r\n", "$3\r\nabcXY", "%1\r\n", "$99999999999\r\n",
-        "+" + std::string(RespReader::kMaxLine + 1, 'a')}) {
+           "\r\n", "$3\r\nabcXY", "%1\r\n", "$99999999999\r\n",
+           "+" + std::string(RespReader::kMaxLine + 1, 'a')}) {
     SCOPED_TRACE(bad.substr(0, 20));
     RespReader reader(nullptr);
     EXPECT_FALSE(reader.Feed(bad).ok());

@@ -106,11 +106,11 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
         names.push_back(ClusterKeyName(f.shapes.back().digest));
       }
     }
-    f.values = std::async(std::launch::async,
-                          [cluster, names = std::move(names),
-                           arena = f.arena.get()] {
-                            return cluster->Fetch(names, arena);
-                          });
+    f.values =
+        std::async(std::launch::async,
+                   [cluster, names = std::move(names), arena = f.arena.get()] {
+                     return cluster->Fetch(names, arena);
+                   });
     return f;
   };
   Pending next = start_fetch(pos);

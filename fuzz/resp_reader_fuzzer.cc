@@ -44,9 +44,9 @@ void Drain(RespReader& reader, Outcome& out) {
         r.type != RespReply::Type::kString) {
       std::abort();  // A line's view must be its own string.
     }
-    out.replies.emplace_back(static_cast<int>(r.type) * 1000 +
-                                 static_cast<int>(r.integer % 1000),
-                             std::string(r.value));
+    out.replies.emplace_back(
+        static_cast<int>(r.type) * 1000 + static_cast<int>(r.integer % 1000),
+        std::string(r.value));
   }
 }
 
@@ -58,8 +58,9 @@ Outcome ViaFeed(const uint8_t* data, size_t size, bool chunked,
   while (at < size && !out.failed) {
     size_t n = size - at;
     if (chunked) n = std::min<size_t>(n, 1 + data[at] % 17);
-    out.failed = !reader.Feed(absl::string_view(
-                                  reinterpret_cast<const char*>(data) + at, n))
+    out.failed = !reader
+                      .Feed(absl::string_view(
+                          reinterpret_cast<const char*>(data) + at, n))
                       .ok();
     at += n;
     Drain(reader, out);
@@ -110,8 +111,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     arena.Reset(1);
     const Outcome chunked = ViaFeed(data, size, true, use);
     // Up to the first error, the same replies however the bytes came.
-    if (!whole.failed && !chunked.failed &&
-        whole.replies != chunked.replies) {
+    if (!whole.failed && !chunked.failed && whole.replies != chunked.replies) {
       std::abort();
     }
   }

@@ -59,6 +59,7 @@ ABSL_DECLARE_FLAG(bool, gemm);
 ABSL_DECLARE_FLAG(std::string, gemm_layouts);
 ABSL_DECLARE_FLAG(std::string, loads);
 ABSL_DECLARE_FLAG(int32_t, gemm_rounds);
+ABSL_DECLARE_FLAG(int32_t, judged_rounds);
 ABSL_DECLARE_FLAG(std::string, cublas_lib);
 ABSL_DECLARE_FLAG(bool, verify);
 
@@ -480,6 +481,7 @@ class Bench {
   bool quick_ = false;
   int gemm_n_ = 8192, gemm_iters_ = 200, decode_steps_ = 60;
   int gemm_rounds_ = 3;
+  int judged_rounds_ = 3;  // the contiguous copy's and kvtier's default
 
   cudaDeviceProp prop_{};
   std::string date_;

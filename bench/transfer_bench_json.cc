@@ -104,6 +104,7 @@ std::string Bench::Json() const {
       "\"prefixes\": [%s], \"sweep_prefix\": %d, \"ctas\": [%s], "
       "\"default_ctas\": %d, \"staging_ctas\": [%s], "
       "\"default_staging_ctas\": %d, \"staging_bytes\": %d, "
+      "\"first_slice_bytes\": %d, \"edge_slice_ctas\": %d, "
       "\"kvtier_variants\": %s, "
       "\"snapshots\": %d, \"slice_pages\": %d, "
       "\"gbps\": \"1e9 bytes/s of payload\", \"host_memory\": "
@@ -114,7 +115,8 @@ std::string Bench::Json() const {
       policy_.max_seconds, absl::StrJoin(prefixes_, ", "), sweep_prefix_,
       absl::StrJoin(ctas_, ", "), kernels::kDefaultMaxCtas,
       absl::StrJoin(staging_ctas_, ", "), client::kDefaultStagingCtas,
-      client::kDefaultStagingBytes,
+      client::kDefaultStagingBytes, client::kAutoFirstSliceBytes,
+      client::kDefaultEdgeSliceCtas,
       JsonString(absl::GetFlag(FLAGS_kvtier_variants)), snapshots_,
       client::kMaxSlicePages);
   std::vector<std::string> layouts;

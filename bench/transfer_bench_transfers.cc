@@ -192,6 +192,8 @@ absl::StatusOr<std::vector<Config>> ParseVariants(const std::string& flag) {
       } else if (p.first == "prio_default") {
         c.options.staging_priority = v != 0 ? client::StagingPriority::kDefault
                                             : client::StagingPriority::kHighest;
+      } else if (p.first == "edge_ctas") {
+        c.options.edge_slice_ctas = static_cast<uint32_t>(v);
       } else if (p.first == "staging_ctas") {
         c.options.staging_ctas = static_cast<uint32_t>(v);
         c.ctas = static_cast<uint32_t>(v);
@@ -208,10 +210,11 @@ absl::StatusOr<std::vector<Config>> ParseVariants(const std::string& flag) {
 // A key naming the engine options of `c` (engines are shared by configs with
 // the same options).
 std::string OptionsKey(const client::TransferOptions& o) {
-  return absl::StrCat(
-      static_cast<int>(o.path), "/", o.max_ctas, "/", o.staging_bytes, "/",
-      o.staging_ctas, "/", o.first_slice_bytes, "/",
-      static_cast<int>(o.staging_priority), "/", o.copy_engine_share);
+  return absl::StrCat(static_cast<int>(o.path), "/", o.max_ctas, "/",
+                      o.staging_bytes, "/", o.staging_ctas, "/",
+                      o.first_slice_bytes, "/",
+                      static_cast<int>(o.staging_priority), "/",
+                      o.copy_engine_share, "/", o.edge_slice_ctas);
 }
 
 void PickItems(Picker& gpu, Picker& rows, size_t n, std::vector<Items>* sets) {

@@ -496,7 +496,10 @@ absl::Status TransferEngine::StagedPages(CopyDirection direction,
     const size_t n = sizes[k];
     lane.copies.clear();
     plan_.StagedCopies(rows.subspan(begin, n), base, &lane.copies);
-    plan_.FillStagedSlice(direction, gpu_pages, begin, n, base, &params);
+    // The fill (an eviction's first gather) and the drain (a rehydration's
+    // last scatter) overlap no copy: a wider grid (edge_slice_ctas).
+    const bool edge = evict ? k == 0 : k + 1 == sizes.size();
+    plan_.FillStagedSlice(direction, gpu_pages, begin, n, base, &params, edge);
     if (evict) {
       // Gather once the buffer's previous copies have read it out, then copy
       // it out once gathered.

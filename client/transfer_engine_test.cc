@@ -642,11 +642,30 @@ TEST(TransferEngineStagedPlan, ConsecutivePackedRowsTakeOneCopyPerSlice) {
   for (const EngineCopy& c : list) EXPECT_TRUE(c.bytes == 194 || c.bytes == 3);
 }
 
+// By default the first slice is kAutoFirstSliceBytes whatever the buffer,
+// so the default 64 MiB buffers leave small transfers as 16 MiB ones did.
+TEST(TransferEngineStagedPlan, DefaultFirstSliceIsTwoMiB) {
+  const std::vector<BankSpec> spec = {BankSpec{"kv", {{65536, 65536}}}};
+  HostSetup s(spec, 300, 300);
+  auto plan =
+      TransferPlan::Create(s.pool, s.views, std::nullopt, TransferOptions());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->staging().slice_pages, kMaxSlicePages);
+  static_assert(kAutoFirstSliceBytes / 65536 == 32);
+  EXPECT_EQ(plan->StagedSlices(CopyDirection::kToHost, 300),
+            (std::vector<uint32_t>{32, 64, 128, 76}));
+  EXPECT_EQ(plan->StagedSlices(CopyDirection::kFromHost, 300),
+            (std::vector<uint32_t>{76, 128, 64, 32}));
+  EXPECT_EQ(plan->StagedSlices(CopyDirection::kToHost, 20),
+            (std::vector<uint32_t>{20}));
+}
+
 TEST(TransferEngineStagedPlan, SlicesRampUpForEvictAndDownForRehydrate) {
   const std::vector<BankSpec> spec = {BankSpec{"kv", {{4096, 4096}}}};
   HostSetup s(spec, 1024, 1024);
   TransferOptions o;
   o.staging_bytes = 64 * 4096;
+  o.first_slice_bytes = 8 * 4096;
   auto plan = TransferPlan::Create(s.pool, s.views, std::nullopt, o);
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->staging().slice_pages, 64u);

@@ -234,6 +234,11 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
         absl::StrCat("first_slice_bytes ", options.first_slice_bytes,
                      " exceeds staging_bytes ", options.staging_bytes));
   }
+  if (options.edge_slice_ctas > kernels::kMaxCtasLimit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("edge_slice_ctas ", options.edge_slice_ctas,
+                     " is not in [0, ", kernels::kMaxCtasLimit, "]"));
+  }
   if (options.staging_priority != StagingPriority::kHighest &&
       options.staging_priority != StagingPriority::kDefault) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -542,13 +547,13 @@ std::vector<uint32_t> TransferPlan::StagedSlices(CopyDirection direction,
                                                  size_t num_pages) const {
   const uint32_t full = staging_.slice_pages;
   std::vector<uint32_t> sizes;
-  // Ramp: the first slice (options_.first_slice_bytes, else 1/8 of a
-  // buffer), then doubling up to a full buffer.
+  // Ramp: the first slice (options_.first_slice_bytes, else
+  // kAutoFirstSliceBytes), then doubling up to a full buffer.
+  const uint64_t first_bytes = options_.first_slice_bytes == 0
+                                   ? kAutoFirstSliceBytes
+                                   : options_.first_slice_bytes;
   const uint64_t first_pages =
-      options_.first_slice_bytes == 0
-          ? full / 8
-          : options_.first_slice_bytes /
-                std::max<uint64_t>(1, staging_.page_bytes);
+      first_bytes / std::max<uint64_t>(1, staging_.page_bytes);
   uint32_t next = static_cast<uint32_t>(
       std::clamp<uint64_t>(first_pages, 1, std::max<uint32_t>(1, full)));
   for (size_t left = num_pages; left > 0;) {
@@ -567,9 +572,12 @@ void TransferPlan::FillStagedSlice(CopyDirection direction,
                                    absl::Span<const uint32_t> gpu_pages,
                                    size_t begin, size_t count,
                                    uint64_t staging_base,
-                                   PageCopyParams* params) const {
+                                   PageCopyParams* params, bool edge) const {
+  const uint32_t ctas =
+      edge ? std::max(options_.staging_ctas, options_.edge_slice_ctas)
+           : options_.staging_ctas;
   FillHeader(direction, static_cast<uint32_t>(count), staged_segments_,
-             page_chunks_, options_.staging_ctas, params);
+             page_chunks_, ctas, params);
   for (uint32_t k = 0; k < params->header.num_segments; ++k) {
     params->segments[k].host_base += staging_base;
   }

@@ -94,10 +94,14 @@ enum class TransferPath : uint32_t {
 // descriptors of 4-32 KiB 5-31.
 inline constexpr uint64_t kMinCopyEngineRunBytes = 256ull << 10;
 
-// Default bytes of one staging buffer. On the H200, 16 MiB slices beat 64
-// MiB ones in an early probe; with batched copies 16 MiB reaches 97-99 % of
-// the link for rows of 1-8 MiB (docs/benchmarks.md).
-inline constexpr uint64_t kDefaultStagingBytes = 16ull << 20;
+// Default bytes of one staging buffer. On the H200 (issue 16, 2026-12-02),
+// 64 MiB buffers keep 95-98 % of the contiguous copies' rate with both
+// directions at once on 2 MiB rows, where 16 MiB ones kept 91-96 % (fewer
+// slices, fewer hops between the copy and kernel streams); one direction
+// alone is the same at 16-64 MiB (98-99 %), and the first slice, 2 MiB
+// whatever the buffer (kAutoFirstSliceBytes), keeps small transfers as they
+// were. 4 buffers per engine: 256 MiB of device memory.
+inline constexpr uint64_t kDefaultStagingBytes = 64ull << 20;
 inline constexpr uint64_t kMaxStagingBytes = 1ull << 30;
 // The priority of the staged path's kernel streams.
 enum class StagingPriority : uint32_t {
@@ -108,8 +112,17 @@ enum class StagingPriority : uint32_t {
 // Default TransferOptions::copy_engine_share: none.
 inline constexpr uint32_t kDefaultCopyEngineShare = 0;
 
-// Default first staged slice (TransferOptions::first_slice_bytes).
+// Default first staged slice (TransferOptions::first_slice_bytes): 0, i.e.
+// kAutoFirstSliceBytes or the whole buffer if that is smaller.
 inline constexpr uint64_t kDefaultFirstSliceBytes = 0;
+inline constexpr uint64_t kAutoFirstSliceBytes = 2ull << 20;
+
+// Default TransferOptions::edge_slice_ctas: the staged pipeline's first
+// gather (an eviction's fill) and last scatter (a rehydration's drain) run on
+// 32 CTAs, since nothing overlaps them; on the H200 this took ~8 us off a
+// 16 MiB eviction of 4 KiB chunks (331 against 339 us) for a burst of a few
+// microseconds on 32 SMs.
+inline constexpr uint32_t kDefaultEdgeSliceCtas = 32;
 
 // Default grid of the staged gather / scatter: at most 8 SMs, each busy for
 // a short burst per slice.
@@ -136,8 +149,14 @@ struct TransferOptions {
   // rehydration), rounded down to whole pages and at least one page: the
   // copy engine waits for that slice's gather before it starts, so a small
   // one shortens the pipeline's fill on small transfers; the next slices
-  // double up to a full buffer. 0: an eighth of a buffer.
+  // double up to a full buffer. At most staging_bytes. 0:
+  // kAutoFirstSliceBytes, or a whole buffer if that is smaller.
   uint64_t first_slice_bytes = kDefaultFirstSliceBytes;
+  // CTAs of the first gather of an eviction and the last scatter of a
+  // rehydration (the pipeline's fill and drain, which no copy overlaps), in
+  // [0, kernels::kMaxCtasLimit]; the larger of this and staging_ctas is
+  // used. 0: staging_ctas, like every other slice.
+  uint32_t edge_slice_ctas = kDefaultEdgeSliceCtas;
   // Percent of a staged transfer's pages (the last ones) that the copy
   // engine moves straight between the pool and the rows, on a stream of its
   // own beside the staged pipeline, with 2D copies (PageCopies2D), in
@@ -263,13 +282,16 @@ class TransferPlan {
   // Fills `*params` with the staged kernel of one slice: pages
   // gpu_pages[begin, begin + count) gathered into (kToHost) or scattered from
   // (kFromHost) items 0..count-1 of the staging buffer at `staging_base`, on
-  // a grid of at most options().staging_ctas CTAs.
+  // a grid of at most options().staging_ctas CTAs -- or, for the
+  // pipeline's `edge` slice (an eviction's first, a rehydration's last), of
+  // the larger of that and options().edge_slice_ctas.
   // REQUIRES: CheckPages(...).ok() for the whole transfer,
   // count <= staging().slice_pages, begin + count <= gpu_pages.size().
   void FillStagedSlice(kernels::CopyDirection direction,
                        absl::Span<const uint32_t> gpu_pages, size_t begin,
                        size_t count, uint64_t staging_base,
-                       kernels::PageCopyParams* params) const;
+                       kernels::PageCopyParams* params,
+                       bool edge = false) const;
 
   // Appends to `*copies` the copy-engine copies that move a staged slice's
   // rows between the staging buffer at `staging_base` (items 0..n-1) and

@@ -451,8 +451,9 @@ TEST(TransferPlan, RejectsBadCalls) {
 // --------------------------------------------------------- staged ramp --
 
 // The slices of a staged transfer: the first of an eviction (the last of a
-// rehydration) is first_slice_bytes in whole pages (an eighth of a buffer
-// by default), then they double up to a full buffer.
+// rehydration) is first_slice_bytes in whole pages (kAutoFirstSliceBytes
+// by default, a whole buffer where that is smaller), then they double up to
+// a full buffer.
 TEST(TransferPlan, StagedSlicesRampFromTheFirstSlice) {
   PlanInputs s;
   const uint64_t page = 4 * 4096 + 400;  // both banks' row strides
@@ -471,7 +472,8 @@ TEST(TransferPlan, StagedSlicesRampFromTheFirstSlice) {
   using V = std::vector<uint32_t>;
   const auto out = kernels::CopyDirection::kToHost;
   const auto in = kernels::CopyDirection::kFromHost;
-  EXPECT_EQ(sizes(0, out, 64), (V{4, 8, 16, 32, 4}));
+  // 2 MiB is 124 of these pages: more than the 32-page buffer.
+  EXPECT_EQ(sizes(0, out, 64), (V{32, 32}));
   EXPECT_EQ(sizes(page, out, 64), (V{1, 2, 4, 8, 16, 32, 1}));
   EXPECT_EQ(sizes(3 * page - 1, out, 10), (V{2, 4, 4}));
   EXPECT_EQ(sizes(page - 1, out, 3), (V{1, 2}));  // at least one page
@@ -479,8 +481,42 @@ TEST(TransferPlan, StagedSlicesRampFromTheFirstSlice) {
   EXPECT_EQ(sizes(page, in, 64), (V{1, 32, 16, 8, 4, 2, 1}));
 }
 
+// The pipeline's edge slice (an eviction's first gather, a rehydration's
+// last scatter) runs on max(staging_ctas, edge_slice_ctas) CTAs; every other
+// slice on staging_ctas; edge_slice_ctas = 0 turns it off.
+TEST(TransferPlan, EdgeSliceRunsOnAWiderGrid) {
+  PlanInputs s;
+  auto ctas = [&](uint32_t staging, uint32_t edge_ctas, bool edge) {
+    TransferOptions o;
+    o.path = TransferPath::kStaged;
+    o.staging_ctas = staging;
+    o.edge_slice_ctas = edge_ctas;
+    absl::StatusOr<TransferPlan> plan =
+        TransferPlan::Create(s.pool, s.banks, s.snapshot, o);
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    const std::vector<uint32_t> pages = {0, 1};
+    auto params = std::make_unique<kernels::PageCopyParams>();
+    plan->FillStagedSlice(kernels::CopyDirection::kToHost, pages, 0, 2,
+                          /*staging_base=*/4096, params.get(), edge);
+    return params->header.max_ctas;
+  };
+  EXPECT_EQ(TransferOptions().edge_slice_ctas, kDefaultEdgeSliceCtas);
+  EXPECT_EQ(ctas(8, 32, false), 8u);
+  EXPECT_EQ(ctas(8, 32, true), 32u);
+  EXPECT_EQ(ctas(48, 32, true), 48u);  // never fewer than staging_ctas
+  EXPECT_EQ(ctas(8, 0, true), 8u);
+}
+
 TEST(TransferPlan, RejectsBadStagingOptions) {
   PlanInputs s;
+  {
+    TransferOptions o;
+    o.edge_slice_ctas = kernels::kMaxCtasLimit + 1;
+    auto plan = TransferPlan::Create(s.pool, s.banks, s.snapshot, o);
+    EXPECT_EQ(plan.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(plan.status().message().find("edge_slice_ctas"),
+              std::string::npos);
+  }
   {
     TransferOptions o;
     o.staging_bytes = 1 << 20;

@@ -6,7 +6,8 @@
 // Setup: a GPU pool of --pool_gib (default 20 GiB, filled with varied bytes),
 // carved per layout into tensor-major tensors (per layer K and V each a
 // [pages][bytes] array, as engines keep them); one host arena
-// (MAP_SHARED | MAP_ANONYMOUS, populated, cudaHostRegister'd Mapped |
+// (MAP_SHARED | MAP_ANONYMOUS -- with --huge_pages MAP_HUGETLB too --,
+// populated, cudaHostRegister'd Mapped |
 // Portable, used through its device pointer) carved per layout into
 // page-first banks like the daemon's: row r of a bank holds every tensor's
 // bytes of one page back to back. Each transfer picks fresh random GPU pages
@@ -203,6 +204,9 @@ ABSL_FLAG(bool, quick, false,
           "About a minute: 8k prefix only, <= 30 repeats, 0.4 s per "
           "configuration, 50-GEMM and 25-step windows");
 ABSL_FLAG(bool, verify, true, "Cross-check the methods' bytes first");
+ABSL_FLAG(bool, huge_pages, false,
+          "Back the host arena with 2 MiB huge pages (MAP_HUGETLB), as banks "
+          "on hugetlbfs are; fails unless vm.nr_hugepages has room");
 ABSL_FLAG(uint64_t, seed, 1, "Random seed");
 
 namespace kvtier::bench {
@@ -339,11 +343,21 @@ absl::Status Bench::Setup() {
   BENCH_RETURN_IF_ERROR(Cuda(cudaMalloc(&pool, pool_bytes_),
                              absl::StrCat("cudaMalloc ", pool_bytes_)));
   pool_ = static_cast<uint8_t*>(pool);
-  // Shared anonymous memory: shmem pages, like a /dev/shm bank.
-  void* arena = mmap(nullptr, arena_bytes_, PROT_READ | PROT_WRITE,
-                     MAP_SHARED | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  // Shared anonymous memory: shmem pages, like a /dev/shm bank, or with
+  // --huge_pages 2 MiB huge pages, like a bank on hugetlbfs (the daemon's
+  // choice wherever a 2 MiB mount has room).
+  const bool huge = absl::GetFlag(FLAGS_huge_pages);
+  void* arena =
+      mmap(nullptr, arena_bytes_, PROT_READ | PROT_WRITE,
+           MAP_SHARED | MAP_ANONYMOUS | MAP_POPULATE | (huge ? MAP_HUGETLB : 0),
+           -1, 0);
   if (arena == MAP_FAILED) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("mmap ", arena_bytes_));
+    return absl::ErrnoToStatus(
+        errno,
+        absl::StrCat("mmap ", arena_bytes_, " bytes",
+                     huge ? " of 2 MiB huge pages (--huge_pages; reserve "
+                            "them with vm.nr_hugepages)"
+                          : ""));
   }
   arena_ = static_cast<uint8_t*>(arena);
   BENCH_RETURN_IF_ERROR(

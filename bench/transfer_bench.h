@@ -60,6 +60,7 @@ ABSL_DECLARE_FLAG(std::string, gemm_layouts);
 ABSL_DECLARE_FLAG(std::string, loads);
 ABSL_DECLARE_FLAG(int32_t, gemm_rounds);
 ABSL_DECLARE_FLAG(int32_t, judged_rounds);
+ABSL_DECLARE_FLAG(bool, huge_pages);
 ABSL_DECLARE_FLAG(std::string, cublas_lib);
 ABSL_DECLARE_FLAG(bool, verify);
 

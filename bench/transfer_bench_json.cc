@@ -108,7 +108,7 @@ std::string Bench::Json() const {
       "\"kvtier_variants\": %s, "
       "\"snapshots\": %d, \"slice_pages\": %d, "
       "\"gbps\": \"1e9 bytes/s of payload\", \"host_memory\": "
-      "\"MAP_SHARED|MAP_ANONYMOUS, populated, cudaHostRegister "
+      "\"MAP_SHARED|MAP_ANONYMOUS%s, populated, cudaHostRegister "
       "Mapped|Portable\"},\n",
       double(pool_bytes_) / kGiB, double(arena_bytes_) / kGiB,
       quick_ ? "true" : "false", policy_.repeats, policy_.min_repeats,
@@ -118,7 +118,8 @@ std::string Bench::Json() const {
       client::kDefaultStagingBytes, client::kAutoFirstSliceBytes,
       client::kDefaultEdgeSliceCtas,
       JsonString(absl::GetFlag(FLAGS_kvtier_variants)), snapshots_,
-      client::kMaxSlicePages);
+      client::kMaxSlicePages,
+      absl::GetFlag(FLAGS_huge_pages) ? "|MAP_HUGETLB (2 MiB pages)" : "");
   std::vector<std::string> layouts;
   for (const Bound& b : bounds_) {
     std::vector<std::string> banks;

@@ -36,18 +36,26 @@ absl::StatusOr<TransferEngine*> Bench::Engine(
   for (auto& [k, e] : engines_) {
     if (k == key) return e.get();
   }
+  // One engine at a time, as in an engine process (one per GPU pool): the
+  // earlier ones' streams (4-6 each) would otherwise pile up past the
+  // device's hardware queues (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default),
+  // where unrelated streams can alias and wait on each other.
+  engines_.clear();
   absl::StatusOr<std::unique_ptr<TransferEngine>> e = TransferEngine::Create(
       client::Backend::kCuda, b.pool, b.banks, b.snapshot_bank, options);
   if (!e.ok()) return e.status();
   if (options.path == client::TransferPath::kAuto) {
     // What an engine gets by default, per layout: say which path it is.
     const client::TransferPath p = (*e)->path();
-    Notes().push_back(
+    std::string note =
         absl::StrCat("layout ", b.def->key, ": path=auto takes the ",
                      p == client::TransferPath::kCopyEngine ? "copy-engine"
                      : p == client::TransferPath::kStaged   ? "staged"
                                                             : "direct",
-                     " path (", (*e)->plan().page_runs(), " copies per page)"));
+                     " path (", (*e)->plan().page_runs(), " copies per page)");
+    if (std::find(Notes().begin(), Notes().end(), note) == Notes().end()) {
+      Notes().push_back(std::move(note));
+    }
   } else if ((*e)->path() != options.path) {
     return absl::InternalError(
         absl::StrCat("engine took path ", static_cast<int>((*e)->path()),

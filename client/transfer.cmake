@@ -46,6 +46,9 @@ kvtier_test(transfer_plan_2d_test
 kvtier_test(transfer_engine_test
   SOURCES ${_kvtier_client_dir}/transfer_engine_test.cc
   LIBS kvtier_transfer)
+kvtier_test(transfer_engine_staged_test
+  SOURCES ${_kvtier_client_dir}/transfer_engine_staged_test.cc
+  LIBS kvtier_transfer)
 kvtier_test(reference_stream_test
   SOURCES ${_kvtier_client_dir}/reference_stream_test.cc
   LIBS kvtier_transfer)

@@ -6,9 +6,9 @@
 // with, alone, with, ... (--gemm_rounds "with" windows per configuration,
 // --judged_rounds beside the GEMM for the contiguous copy and kvtier's
 // default, the pair item 1 compares; each compared with the mean of the
-// "alone" windows on either side, the
-// last "alone" shared with the next configuration), so slow drift of the
-// load's own speed cancels; slowdown_pct is the median of the rounds'.
+// "alone" windows on either side, the last "alone" shared with the next
+// configuration), so slow drift of the load's own speed cancels;
+// slowdown_pct is the median of the rounds'.
 // The transfer's GB/s is its bytes over its time across the rounds.
 //
 // The configurations are the frontier's knobs: copy engines only (the
@@ -193,7 +193,7 @@ absl::Status Bench::InterferenceLayout(Load& load, const Bound& b,
       uint64_t bytes = 0;
       double ms = 0;
       // The decode step's rounds agree to ~0.1 point; the GEMM's spread.
-      const bool judged = std::string(load.Name()) == "gemm" &&
+      const bool judged = load.Name() == "gemm" &&
                           (cfg.method == Method::kContiguous ||
                            (IsKvtier(cfg.method) && cfg.variant == "auto"));
       const int rounds = judged ? judged_rounds_ : gemm_rounds_;

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <string_view>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -30,6 +31,16 @@ absl::StatusOr<std::unique_ptr<ClusterTier>> ClusterTier::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("--cluster_prefetch_threads: ", options.prefetch_threads,
                      " is not in 1..64"));
+  }
+  if (options.prefetch_in_flight == 0 || options.prefetch_in_flight > 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cluster_prefetch_in_flight: ",
+                     options.prefetch_in_flight, " is not in 1..8"));
+  }
+  if (options.check_threads > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cluster_check_threads: ", options.check_threads,
+                     " is not in 0..64"));
   }
   if (options.spill_batch == 0) {
     return absl::InvalidArgumentError(
@@ -277,6 +288,20 @@ void ClusterTier::CountPrefetch(uint64_t pages, bool cut) {
   if (cut) prefetches_cut_.fetch_add(1);
 }
 
+void ClusterTier::CountPrefetchStages(const PrefetchStages& stages) {
+  prefetch_wait_micros_.fetch_add(Micros(stages.wait));
+  prefetch_check_micros_.fetch_add(Micros(stages.check));
+  prefetch_commit_micros_.fetch_add(Micros(stages.commit));
+  prefetch_copy_micros_.fetch_add(Micros(stages.copy));
+}
+
+size_t ClusterTier::CheckThreads() const {
+  if (options_.check_threads > 0) return options_.check_threads;
+  static const size_t n =
+      std::clamp<size_t>(std::thread::hardware_concurrency(), 2, 8);
+  return n;
+}
+
 ClusterCounters ClusterTier::Counters() const {
   ClusterCounters c;
   c.probes = probes_.load();
@@ -298,6 +323,14 @@ ClusterCounters ClusterTier::Counters() const {
   c.prefetches = prefetches_.load();
   c.prefetched_pages = prefetched_pages_.load();
   c.prefetches_cut = prefetches_cut_.load();
+  c.prefetch_wait_seconds =
+      static_cast<double>(prefetch_wait_micros_.load()) / 1e6;
+  c.prefetch_check_seconds =
+      static_cast<double>(prefetch_check_micros_.load()) / 1e6;
+  c.prefetch_commit_seconds =
+      static_cast<double>(prefetch_commit_micros_.load()) / 1e6;
+  c.prefetch_copy_seconds =
+      static_cast<double>(prefetch_copy_micros_.load()) / 1e6;
   c.jobs_refused = jobs_refused_.load();
   {
     absl::MutexLock lock(&mu_);

@@ -65,7 +65,14 @@ struct ClusterTierOptions {
   // A prefetch moves at most this many pages (and bytes) per slice.
   uint32_t prefetch_slice_pages = 32;
   uint64_t prefetch_slice_bytes = 64ull << 20;
+  // Slices of one prefetch whose GETs are out at once (1..8): while one
+  // slice is checked, copied and committed, the others' values arrive, on
+  // connections of their own. Each holds an arena of up to a slice's bytes.
+  uint32_t prefetch_in_flight = 2;
   uint32_t prefetch_threads = 2;
+  // Threads that check a slice's values and copy them into their rows
+  // (0: one per core, 2 to 8; at most 64).
+  uint32_t check_threads = 0;
   uint32_t max_queued_jobs = 64;
   // Where the tier announces the pages it wrote (BlockStored, medium
   // "STORAGE"), or nullptr. Outlives the tier.
@@ -94,6 +101,13 @@ struct ClusterCounters {
   uint64_t prefetches = 0;         // Prefetch jobs started.
   uint64_t prefetched_pages = 0;   // Pages they committed.
   uint64_t prefetches_cut = 0;     // Ended before their last page.
+  // Where prefetch jobs spent their time, summed over jobs and slices:
+  // waiting for a slice's values, checking them, allocating rows and
+  // committing (under the namespace's lock, journal included), copying.
+  double prefetch_wait_seconds = 0;
+  double prefetch_check_seconds = 0;
+  double prefetch_commit_seconds = 0;
+  double prefetch_copy_seconds = 0;
   uint64_t jobs_refused = 0;       // Prefetches refused: queue full.
   uint64_t spill_queue_bytes = 0;  // Now (a gauge).
 };
@@ -151,6 +165,14 @@ class ClusterTier {
   // Runs `job` on a job thread. False (counted) when max_queued_jobs wait.
   bool Submit(std::function<void()> job);
   void CountPrefetch(uint64_t pages, bool cut);
+  // Adds one prefetch job's time per stage (ClusterCounters::prefetch_*).
+  struct PrefetchStages {
+    absl::Duration wait, check, commit, copy;
+  };
+  void CountPrefetchStages(const PrefetchStages& stages);
+  // The threads that check and copy a slice's values (check_threads, or
+  // one per core, 2 to 8).
+  size_t CheckThreads() const;
 
   ClusterCounters Counters() const;
   // The Redis Cluster's state as this tier sees it.
@@ -194,6 +216,8 @@ class ClusterTier {
       fetch_errors_{0}, rejected_{0}, fetch_micros_{0}, fetches_{0};
   std::atomic<uint64_t> prefetches_{0}, prefetched_pages_{0},
       prefetches_cut_{0}, jobs_refused_{0};
+  std::atomic<uint64_t> prefetch_wait_micros_{0}, prefetch_check_micros_{0},
+      prefetch_commit_micros_{0}, prefetch_copy_micros_{0};
 };
 
 }  // namespace kvtier::daemon

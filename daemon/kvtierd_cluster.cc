@@ -48,6 +48,12 @@ ABSL_FLAG(uint32_t, cluster_prefetch_slice_pages, 32,
           "most 64 MiB).");
 ABSL_FLAG(uint32_t, cluster_prefetch_threads, 2,
           "Prefetches that run at once.");
+ABSL_FLAG(uint32_t, cluster_prefetch_in_flight, 2,
+          "Slices of one prefetch whose GETs are out at once (1..8; each "
+          "holds up to a slice's bytes of memory).");
+ABSL_FLAG(uint32_t, cluster_check_threads, 0,
+          "Threads that check (HMAC-SHA256) and copy a prefetch slice's "
+          "values (0: one per core, 2 to 8).");
 
 namespace kvtier::daemon {
 
@@ -102,6 +108,8 @@ absl::StatusOr<std::unique_ptr<ClusterTier>> ClusterTierFromFlags(
   o.spill_queue_bytes = absl::GetFlag(FLAGS_cluster_spill_queue_bytes);
   o.prefetch_slice_pages = absl::GetFlag(FLAGS_cluster_prefetch_slice_pages);
   o.prefetch_threads = absl::GetFlag(FLAGS_cluster_prefetch_threads);
+  o.prefetch_in_flight = absl::GetFlag(FLAGS_cluster_prefetch_in_flight);
+  o.check_threads = absl::GetFlag(FLAGS_cluster_check_threads);
   o.kv_events = kv_events;
   const std::string key_file = absl::GetFlag(FLAGS_cluster_key_file);
   if (key_file.empty()) {

@@ -6,6 +6,7 @@
 //
 // Thread-safety: single-threaded tests (the cores run their own threads).
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -147,6 +148,68 @@ TEST_F(TierClusterTest, ACorruptValueIsAMissAndEndsThePrefetchThere) {
   EXPECT_GE(c.rejected_values, 1u);
   EXPECT_EQ(c.prefetches_cut, 1u);
   EXPECT_TRUE(b.core().CheckInvariants().ok());
+}
+
+// One slice out at a time, and many (slices of 2 pages, 4 out at once, 3
+// check threads): the same bytes; with slices fetched past a corrupt page,
+// nothing after it is committed and the job ends cleanly.
+TEST_F(TierClusterTest, SlicesInFlightChangeNothingButTheOverlap) {
+  ClusterNode a(*redis_, true);
+  const v1::Layout layout = HybridLayout();
+  a.Attach("inflight", layout);
+  const std::string hashes = RandomHashes(20, 32, 351);
+  a.WritePages(2, "", hashes, 0, /*snapshot_last=*/true);
+  a.WaitSpilled(20);
+  for (const PrefetchTweaks& t :
+       {PrefetchTweaks{2, 1, 0}, PrefetchTweaks{2, 4, 3}}) {
+    SCOPED_TRACE(absl::StrCat("in flight ", t.in_flight));
+    ClusterNode b(*redis_, true, TestClusterKey(), 64, nullptr, t);
+    b.Attach("inflight", layout);
+    ASSERT_TRUE(b.Prefetch(hashes).ok());
+    EXPECT_EQ(b.WaitPrefetched(hashes), 20u);
+    b.ExpectPages(2, hashes, 20, /*snapshot_page=*/19);
+    const ClusterCounters c = b.cluster().Counters();
+    EXPECT_EQ(c.prefetched_pages, 20u);
+    EXPECT_EQ(c.fetches, 10u);  // One per slice of 2 pages.
+    EXPECT_EQ(c.prefetches_cut, 0u);
+    EXPECT_GT(c.prefetch_check_seconds, 0);
+    EXPECT_TRUE(b.core().CheckInvariants().ok());
+  }
+  // Page 9 corrupt: pages 0-8 arrive, never 9 or any after it, although
+  // slices past it were already fetched.
+  const std::string key = ClusterKeyOf("inflight", layout, hashes, 9);
+  std::string value = Fetch(key);
+  ASSERT_GT(value.size(), 200u);
+  value[150] ^= 1;
+  Plant(key, value);
+  ClusterNode b(*redis_, true, TestClusterKey(), 64, nullptr,
+                PrefetchTweaks{2, 4, 3});
+  b.Attach("inflight", layout);
+  ASSERT_TRUE(b.Prefetch(hashes).ok());
+  EXPECT_EQ(b.WaitPrefetched(hashes), 9u);
+  b.ExpectPages(2, hashes, 9);
+  const ClusterCounters c = b.cluster().Counters();
+  EXPECT_EQ(c.prefetched_pages, 9u);
+  EXPECT_EQ(c.prefetches_cut, 1u);
+  EXPECT_GE(c.rejected_values, 1u);
+  EXPECT_TRUE(b.core().CheckInvariants().ok());
+}
+
+TEST(ClusterTierOptionsTest, BadPrefetchSettingsAreRefusedByName) {
+  for (const auto& [in_flight, check_threads, flag] :
+       {std::tuple<uint32_t, uint32_t, const char*>{
+            0, 0, "--cluster_prefetch_in_flight"},
+        {9, 0, "--cluster_prefetch_in_flight"},
+        {2, 65, "--cluster_check_threads"}}) {
+    ClusterTierOptions o;
+    o.redis.seeds = {"127.0.0.1:1"};  // Never reached.
+    o.prefetch_in_flight = in_flight;
+    o.check_threads = check_threads;
+    auto tier = ClusterTier::Create(o, TestClusterKey());
+    EXPECT_EQ(tier.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(tier.status().message().find(flag), absl::string_view::npos)
+        << tier.status();
+  }
 }
 
 TEST_F(TierClusterTest, AValuePlantedWithoutTheClusterKeyIsAMiss) {

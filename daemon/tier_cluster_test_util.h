@@ -54,12 +54,20 @@ inline uint8_t PatternByte(uint64_t chain, uint32_t page, uint32_t bank,
   return static_cast<uint8_t>(x);
 }
 
+// A ClusterNode's prefetch settings (ClusterTierOptions' fields).
+struct PrefetchTweaks {
+  uint32_t slice_pages = 8;  // Several slices per prefix.
+  uint32_t in_flight = 2;
+  uint32_t check_threads = 0;
+};
+
 class ClusterNode {
  public:
   // A core whose ClusterTier talks to `redis`; `write_through` as the flag.
   ClusterNode(const testing::RedisClusterFixture& redis, bool write_through,
               ClusterKey key = TestClusterKey(), uint64_t page_rows = 64,
-              KvEventSink* kv_events = nullptr) {
+              KvEventSink* kv_events = nullptr,
+              const PrefetchTweaks& prefetch = {}) {
     char tmpl[] = "/dev/shm/kvtier-cluster-test-XXXXXX";
     EXPECT_NE(mkdtemp(tmpl), nullptr);
     dir_ = tmpl;
@@ -75,7 +83,9 @@ class ClusterNode {
     co.lookup_deadline = absl::Seconds(2);
     co.fetch_deadline = absl::Seconds(5);
     co.write_deadline = absl::Seconds(5);
-    co.prefetch_slice_pages = 8;  // Several slices per prefix.
+    co.prefetch_slice_pages = prefetch.slice_pages;
+    co.prefetch_in_flight = prefetch.in_flight;
+    co.check_threads = prefetch.check_threads;
     co.kv_events = kv_events;
     auto cluster = ClusterTier::Create(co, std::move(key));
     EXPECT_TRUE(cluster.ok()) << cluster.status();

@@ -5,7 +5,8 @@
 // Per slice: (1) fetch every rank's value of its pages, with no lock, into
 // an arena of the job's (the values are checked where the socket put
 // them), and keep the leading pages whose values all pass
-// DecodeClusterValue; (2) under
+// DecodeClusterValue; up to prefetch_in_flight slices' GETs are out at
+// once, each slice on a thread and connections of its own; (2) under
 // the namespace's lock, pin the chain's end (the page before the slice),
 // allocate the rows (evicting as a Reserve would) and journal them as
 // reserved; (3) copy with no lock: the rows are allocated-uncommitted and
@@ -19,6 +20,7 @@
 // locks as tier_core.h orders them.
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <future>
 #include <memory>
 #include <string>
@@ -27,6 +29,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "daemon/cluster_tier.h"
 #include "daemon/cluster_value.h"
 #include "daemon/resp_reader.h"
@@ -35,15 +38,6 @@
 
 namespace kvtier::daemon {
 namespace {
-
-// Threads that check a slice's values and copy them into their rows
-// (HMAC-SHA256 runs at ~1.2-2 GB/s a core, a memcpy at ~5): one per core
-// the machine has, 2 to 8.
-size_t CheckThreads() {
-  static const size_t n =
-      std::clamp<size_t>(std::thread::hardware_concurrency(), 2, 8);
-  return n;
-}
 
 // Runs fn(i) for every i in [0, n) on up to `threads` threads (the caller's
 // among them), i spread round-robin; returns when every call returned.
@@ -92,8 +86,8 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
     absl::MutexLock lock(&jobs_mu_);
     return closing_;
   };
-  // The next slice's GETs are sent while this one's arrive, and run while
-  // this one is checked, copied and committed (a thread each); values are
+  // The next slices' GETs are out while this one is checked, copied and
+  // committed (prefetch_in_flight slices in all, a thread each); values are
   // checked, then copied into their rows, on CheckThreads() threads (the
   // HMAC is the costliest step per byte).
   // Each slice's values are read straight into an arena (no copy but the
@@ -102,6 +96,8 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
     uint32_t at = 0, n = 0;
     // What each value must be (its key's digest among it), page by page.
     std::vector<ClusterValueShape> shapes;
+    // Declared before `values`, so destroyed after the fetch that fills
+    // it has finished (a future of std::async waits when destroyed).
     std::unique_ptr<ValueArena> arena;
     std::future<std::vector<absl::StatusOr<absl::string_view>>> values;
   };
@@ -135,24 +131,39 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
                    });
     return f;
   };
-  Pending next = start_fetch(pos);
+  const size_t in_flight = cluster->options().prefetch_in_flight;
+  const size_t check_threads = cluster->CheckThreads();
+  ClusterTier::PrefetchStages stages;
+  // Slices whose GETs are out, in chain order; the front one is `pos`'s.
+  std::deque<Pending> inflight;
+  uint32_t fetch_at = pos;
   while (pos < to) {
     if (closing()) {
       cut = true;
       break;
     }
-    Pending current = std::move(next);
+    while (inflight.size() < in_flight && fetch_at < to) {
+      inflight.push_back(start_fetch(fetch_at));
+      fetch_at += inflight.back().n;
+    }
+    Pending current = std::move(inflight.front());
+    inflight.pop_front();
     const uint32_t n = current.n;
-    // Two slices in flight: the link never idles between them.
-    if (pos + n < to) next = start_fetch(pos + n);
+    absl::Time t = absl::Now();
+    auto lap = [&t](absl::Duration* stage) {
+      const absl::Time now = absl::Now();
+      *stage += now - t;
+      t = now;
+    };
     const std::vector<absl::StatusOr<absl::string_view>> fetched =
         current.values.get();
+    lap(&stages.wait);
     // (1) Check every value, in parallel; keep the leading pages whose
     // every rank passed.
     Slice slice;
     std::vector<absl::StatusOr<DecodedClusterValue>> checked(
         fetched.size(), absl::UnknownError("not checked"));
-    ParallelFor(fetched.size(), CheckThreads(), [&](size_t i) {
+    ParallelFor(fetched.size(), check_threads, [&](size_t i) {
       if (!fetched[i].ok()) {
         checked[i] = fetched[i].status();
         return;
@@ -179,6 +190,7 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
       }
       slice.pages = p + 1;
     }
+    lap(&stages.check);
     const uint32_t good = slice.pages;
     if (good == 0) {
       cut = true;
@@ -252,6 +264,7 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
       }
       PublishRemoved(ns);  // What the allocation evicted.
     }
+    lap(&stages.commit);
     // (3) Copy, in parallel: the rows are this job's alone. The s-th
     // snapshot row of rank r holds the snapshot of page snap_pages[r][s].
     std::vector<uint32_t> snap_slot(size_t{good} * ranks, 0);
@@ -261,7 +274,7 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
             static_cast<uint32_t>(s);
       }
     }
-    ParallelFor(size_t{good} * ranks, CheckThreads(), [&](size_t i) {
+    ParallelFor(size_t{good} * ranks, check_threads, [&](size_t i) {
       const uint32_t p = static_cast<uint32_t>(i / ranks);
       const uint32_t r = static_cast<uint32_t>(i % ranks);
       const DecodedClusterValue& d = slice.decoded[i];
@@ -275,6 +288,7 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
       }
     });
     spare_arenas.push_back(std::move(current.arena));
+    lap(&stages.copy);
     // (4) Commit every rank, journal, move the pin.
     const absl::Span<const HashKey> slice_keys(keys.data() + pos, good);
     {
@@ -333,6 +347,7 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
       }
       pin = node;
     }
+    lap(&stages.commit);
     {
       absl::MutexLock lock(&ns.prefetch_mu);
       for (const HashKey& k : slice_keys) {
@@ -359,7 +374,11 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
       ns.prefetching.erase(KeyString(keys[i], ns.hash_bytes));
     }
   }
+  // Slices still out are waited for (their futures' destructors) before
+  // their arenas go.
+  inflight.clear();
   cluster->CountPrefetch(committed, cut);
+  cluster->CountPrefetchStages(stages);
   SPDLOG_DEBUG("namespace '{}': prefetched {} of {} pages", ns.name, committed,
                to - from);
 }

@@ -18,21 +18,24 @@ namespace. Steps:
      (default Llama-8B-shaped: 16 tokens x 128 KiB of bf16 KV per token =
      2 MiB pages, 24,576 tokens = 1,536 pages = 3 GiB), and waits until
      its spill queue drained: `write` (seconds, GB/s; informative).
-  2. For each --slice-pages value, a fresh kvtierd on B
+  2. For each --slice-pages value and --variant (extra daemon flags, e.g.
+     --cluster_prefetch_in_flight), a fresh kvtierd on B
      (--cluster_prefetch_slice_pages): a remote lookup must see the whole
      prefix; then --repeats times: Prefetch, and poll B's lookups (5 ms
      apart) until the whole prefix is local: seconds from the Prefetch call,
      GB/s of page bytes and of value bytes (header and MAC included), and
      from B's metrics the seconds its Fetch calls took (sending the GETs,
      reading the replies, copying them out); the rest is verifying values
-     (HMAC-SHA256), copying them into the banks and committing; and the
+     (HMAC-SHA256), copying them into the banks and committing (the job's
+     seconds per stage, from B's metrics: `job_stage_seconds`); and the
      CPU-seconds of B's kvtierd (exited threads included), of the Redis
      servers and of the whole machine (busy, softirq, idle). The
      first run fills fresh bank pages (page faults), so the JSON keeps
      `first` apart from the `warm` runs (the prefix dropped between runs,
      the banks kept). B's bytes are checked: every page's first 8 bytes, and
      3 pages whole. With --perf, one more prefetch (not in the figures)
-     runs under `perf record` (call graphs) of B's kvtierd: the shares of
+     runs under `perf record` (call graphs) of B's kvtierd (of every CPU
+     with --perf-system; python/bench/perf_shares.py): the shares of
      its samples spent in the fetch, the socket reads, the reply copies,
      the MAC checks, page faults... go to the JSON (`profiled_run`).
   3. redis-benchmark (redis-tools), run in B's namespace against the
@@ -60,7 +63,6 @@ import json
 import math
 import os
 import platform
-import re
 import resource
 import shutil
 import socket
@@ -80,6 +82,7 @@ import cluster_values as cv  # noqa: E402
 from netns import Topology, netns_unavailable  # noqa: E402
 from netns_redis import (NetnsRedisCluster, find_tool, key_file,  # noqa: E402
                          netns_daemon)
+from perf_shares import perf_record, perf_shares  # noqa: E402
 
 MASTERS = ["r0", "r1", "r2"]
 NAME = "bench-prefix"
@@ -107,15 +110,28 @@ def parse_args(argv=None):
                     help="about how long redis-benchmark's GET runs")
     ap.add_argument("--rb-repeats", type=int, default=3,
                     help="redis-benchmark GET runs (the median is used)")
+    ap.add_argument("--variant", action="append", default=[],
+                    metavar="NAME=FLAGS",
+                    help="B's kvtierd with these extra flags (space-separated), "
+                         "run for each slice size; repeatable (default: one "
+                         "variant 'default' with none)")
     ap.add_argument("--perf", action="store_true",
-                    help="perf record B's kvtierd (call graphs) during the "
-                         "last prefetch of each slice size")
+                    help="perf record B's kvtierd (call graphs) during one more "
+                         "prefetch of each slice size and variant")
+    ap.add_argument("--perf-system", action="store_true",
+                    help="with --perf: record every CPU (Redis, softirq) instead")
     ap.add_argument("--kvtierd", default=None)
     ap.add_argument("--out", default=None, help="also write the JSON here")
     args = ap.parse_args(argv)
     if args.quick:
         args.tokens, args.page_bytes, args.repeats = 2048, 64 << 10, 1
     args.slices = [int(s) for s in args.slice_pages.split(",") if s]
+    args.variants = []
+    for v in args.variant or ["default="]:
+        name, sep, flags = v.partition("=")
+        if not sep or not name:
+            ap.error(f"--variant {v!r}: NAME=FLAGS expected")
+        args.variants.append((name, flags.split()))
     return args
 
 
@@ -290,59 +306,14 @@ def check_pages(ns, hashes, page_bytes: int, base: bytes) -> None:
                 raise RuntimeError(f"page {p}: wrong bytes on B")
 
 
-# Where B's kvtierd spends its samples during a prefetch (perf --children:
-# a function with everything it calls), by label: a regex of perf's symbol.
-PERF_SHARES = {
-    "prefetch job (TierCore::RunPrefetch)": r"TierCore::RunPrefetch$",
-    "fetch (RedisCluster::Get)": r"RedisCluster::Get$",
-    "socket reads (RedisCluster::ReadReplies)": r"RedisCluster::ReadReplies$",
-    "readv into the arena (RespReader::ReadFrom)": r"RespReader::ReadFrom$",
-    "verify (DecodeClusterValue: HMAC-SHA256)": r"DecodeClusterValue$",
-    "page faults": r"\[k\] asm_exc_page_fault$",
-    "glibc heap trim (madvise)": r"heap_trim \(inlined\)$",
-    "tcp_recvmsg": r"\[k\] tcp_recvmsg$",
-}
-
-
-def perf_report(data: str, children: str, sort: str) -> list[str]:
-    return subprocess.run(["perf", "report", "-i", data, "--stdio", children, "--sort",
-                           sort, "-g", "none"], capture_output=True, text=True,
-                          timeout=600).stdout.splitlines()
-
-
-def perf_shares(data: str) -> dict:
-    shares = {}
-    for line in perf_report(data, "--children", "sym"):
-        m = re.match(r"\s*([\d.]+)%\s+[\d.]+%\s+(.*\S)", line)
-        if not m:
-            continue
-        for label, rx in PERF_SHARES.items():
-            if re.search(rx, m.group(2)):
-                shares[label] = max(shares.get(label, 0.0), float(m.group(1)))
-    by_dso = {}
-    for line in perf_report(data, "--no-children", "dso"):
-        m = re.match(r"\s*([\d.]+)%\s+(\S+)", line)
-        if m and float(m.group(1)) >= 0.5:
-            by_dso[m.group(2)] = float(m.group(1))
-    by_sym = {}
-    for line in perf_report(data, "--no-children", "sym"):
-        m = re.match(r"\s*([\d.]+)%\s+(.*\S)", line)
-        # libcrypto has no symbols: its addresses are in self_percent_by_dso.
-        if m and float(m.group(1)) >= 1.0 and "] 0x" not in m.group(2):
-            by_sym[m.group(2)] = float(m.group(1))
-    return {"percent_of_samples_with_callees": shares, "self_percent_by_dso": by_dso,
-            "self_percent_by_symbol": by_sym}
-
-
-def prefetch_once(topo, b, nb, hashes, perf_out: str | None, redis) -> dict:
+def prefetch_once(topo, b, nb, hashes, perf_out: str | None, redis,
+                  perf_system: bool = False) -> dict:
     pages = len(hashes)
     m0, cpu0 = metrics(topo, "b"), thread_cpu(b.proc.pid)
     p0, (r0, f0) = process_cpu(b.proc.pid), redis_usage(redis)
     perf = None
     if perf_out:
-        perf = subprocess.Popen(["perf", "record", "-q", "-F", "499", "--call-graph",
-                                 "dwarf,16384", "-p", str(b.proc.pid), "-o", perf_out],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        perf = perf_record(None if perf_system else b.proc.pid, perf_out)
         time.sleep(0.5)
     polls = 0
     t0, mach0 = time.perf_counter(), cpu_times()
@@ -372,20 +343,25 @@ def prefetch_once(topo, b, nb, hashes, perf_out: str | None, redis) -> dict:
         m0.get('kvtier_cluster_ops_total{op="fetch"}', 0)
     fetched = m1.get('kvtier_cluster_bytes_total{direction="in"}', 0) - \
         m0.get('kvtier_cluster_bytes_total{direction="in"}', 0)
+    stage = 'kvtier_cluster_prefetch_stage_seconds_total{stage="%s"}'
+    stages = {st: round(m1.get(stage % st, 0) - m0.get(stage % st, 0), 4)
+              for st in ("wait", "check", "commit", "copy")}
     return {"seconds": round(seconds, 4), "prefetch_answer": [res.local_pages,
             res.remote_pages, res.prefetching_pages],
             "fetch_calls": int(fetches), "fetch_seconds": round(fetch_s, 4),
             "fetched_bytes": int(fetched),
             "verify_copy_commit_seconds": round(seconds - fetch_s, 4),
+            "job_stage_seconds": stages,
             "daemon_thread_cpu_seconds": delta(cpu1, cpu0), "lookup_polls": polls,
             "cpu_seconds": {"kvtierd_b": round(p1 - p0, 2),
                             "redis": round(r1 - r0, 2), "machine": mach},
             "redis_page_faults": f1 - f0}
 
 
-def run_slice(args, topo, redis, work, common, hashes, base, value_bytes, slice_pages):
+def run_slice(args, topo, redis, work, common, hashes, base, value_bytes, slice_pages,
+              variant):
     flags = common + [f"--cluster_prefetch_slice_pages={slice_pages}",
-                      f"--cluster_prefetch_threads={args.prefetch_threads}"]
+                      f"--cluster_prefetch_threads={args.prefetch_threads}"] + variant[1]
     pages, page_bytes = len(hashes), args.page_bytes
     runs = []
     with netns_daemon(topo, "b", work, flags, kvtierd=args.kvtierd) as b, \
@@ -405,9 +381,9 @@ def run_slice(args, topo, redis, work, common, hashes, base, value_bytes, slice_
         for r in range(args.repeats + int(args.perf)):
             if r:
                 cb.drop(NAME, hash=hashes[0])  # the rows go, the banks stay
-            perf_out = os.path.join(work, f"perf-{slice_pages}.data") \
+            perf_out = os.path.join(work, f"perf-{slice_pages}-{variant[0]}.data") \
                 if r == args.repeats else None
-            run = prefetch_once(topo, b, nb, hashes, perf_out, redis)
+            run = prefetch_once(topo, b, nb, hashes, perf_out, redis, args.perf_system)
             check_pages(nb, hashes, page_bytes, base)
             run["page_gbps"] = round(pages * page_bytes / run["seconds"] / 1e9, 3)
             run["value_gbps"] = round(pages * value_bytes / run["seconds"] / 1e9, 3)
@@ -423,7 +399,8 @@ def run_slice(args, topo, redis, work, common, hashes, base, value_bytes, slice_
     warm = runs[1:] or runs
     best = min(warm, key=lambda r: r["seconds"])
     median_s = statistics.median(r["seconds"] for r in warm)
-    return {"slice_pages": slice_pages,
+    return {"slice_pages": slice_pages, "variant": variant[0],
+            "daemon_flags": variant[1],
             # The daemon's slices also hold at most 64 MiB of values.
             "effective_slice_pages": effective_slice(slice_pages, value_bytes),
             "first": runs[0], "warm": runs[1:],
@@ -526,6 +503,7 @@ def main(argv=None) -> int:
                          "value_bytes": value_bytes, "banks": 1,
                          "prefetch_threads": args.prefetch_threads,
                          "slice_pages": args.slices, "repeats": args.repeats,
+                         "variants": {n: f for n, f in args.variants},
                          "redis_masters": len(MASTERS), "redis_replicas": 0,
                          "redis_maxmemory_bytes": maxmemory, "quick": args.quick,
                          "topology": "one network namespace per Redis master and "
@@ -569,8 +547,10 @@ def main(argv=None) -> int:
             if result["write"]["spilled_values"] < pages:
                 raise RuntimeError(f"A wrote {result['write']} of {pages} pages")
             result["prefetch"] = [run_slice(args, topo, redis, work, common, hashes,
-                                            base, value_bytes, s) for s in args.slices]
-            default = next((p for p in result["prefetch"] if p["slice_pages"] == 32),
+                                            base, value_bytes, s, v)
+                                  for s in args.slices for v in args.variants]
+            default = next((p for p in result["prefetch"] if p["slice_pages"] == 32
+                            and p["variant"] == args.variants[0][0]),
                            result["prefetch"][0])
             result["redis_benchmark"] = redis_benchmark(
                 args, topo, redis, value_bytes, default["slice_pages"])
@@ -585,6 +565,11 @@ def main(argv=None) -> int:
                     default["median_warm_values_per_s"] / rb, 3),
                 "prefetch_over_redis_benchmark_best": round(
                     default["best_warm_values_per_s"] / rb, 3),
+                "variant": default["variant"],
+                "median_by_variant": {
+                    f'{p["variant"]}/{p["slice_pages"]}': round(
+                        p["median_warm_values_per_s"] / rb, 3)
+                    for p in result["prefetch"]},
                 "target": 0.8}
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -64,8 +64,7 @@
 //                 slice. --kvtier_variants adds staged runs with other
 //                 engine options (name:key=value;...; keys staging_mib,
 //                 staging_ctas, first_kib, edge_ctas, prio_default,
-//                 ce_share, ce_streams (the copy-engine path's streams),
-//                 path=auto|staged|direct|copy_engine),
+//                 ce_share, path=auto|staged|direct|copy_engine),
 //                 reported as method "kvtier[name]". path=auto is what an
 //                 engine gets by default: the copy-engine path (no kernel,
 //                 one copy per contiguous run) on block-first pools whose
@@ -165,7 +164,6 @@ ABSL_FLAG(std::string, kvtier_variants, "",
           "Extra staged configurations at --sweep_prefix, ','-separated "
           "name:key=value;key=value (keys: staging_mib, staging_ctas, "
           "first_kib, edge_ctas, prio_default=0|1, ce_share (percent), "
-          "ce_streams (1|2: the copy-engine path's streams), "
           "path=auto|staged|direct|copy_engine)");
 ABSL_FLAG(double, deadline_s, 0,
           "Stop starting measurements after this many seconds and print what "

@@ -192,8 +192,6 @@ absl::StatusOr<std::vector<Config>> ParseVariants(const std::string& flag) {
       } else if (p.first == "prio_default") {
         c.options.staging_priority = v != 0 ? client::StagingPriority::kDefault
                                             : client::StagingPriority::kHighest;
-      } else if (p.first == "ce_streams") {
-        c.options.copy_streams = static_cast<uint32_t>(v);
       } else if (p.first == "edge_ctas") {
         c.options.edge_slice_ctas = static_cast<uint32_t>(v);
       } else if (p.first == "staging_ctas") {
@@ -216,8 +214,7 @@ std::string OptionsKey(const client::TransferOptions& o) {
                       o.staging_bytes, "/", o.staging_ctas, "/",
                       o.first_slice_bytes, "/",
                       static_cast<int>(o.staging_priority), "/",
-                      o.copy_engine_share, "/", o.edge_slice_ctas, "/",
-                      o.copy_streams);
+                      o.copy_engine_share, "/", o.edge_slice_ctas);
 }
 
 void PickItems(Picker& gpu, Picker& rows, size_t n, std::vector<Items>* sets) {

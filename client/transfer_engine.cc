@@ -71,8 +71,7 @@ struct Lane {
   absl::Mutex mu;
   cudaStream_t kernel_stream = nullptr;  // high priority
   cudaStream_t copy_stream = nullptr;
-  // The copy-engine share's 2D copies (TransferOptions::copy_engine_share),
-  // or the copy-engine path's second half (TransferOptions::copy_streams).
+  // The copy-engine share's 2D copies (TransferOptions::copy_engine_share).
   cudaStream_t side_stream = nullptr;
   cudaEvent_t fork = nullptr;       // the caller's stream at a call's start
   cudaEvent_t done = nullptr;       // the lane at a call's end
@@ -114,12 +113,8 @@ absl::Status CreateLane(const TransferPlan& plan, int priority, Lane* lane) {
   }
   if (absl::Status s = NewEvent(&lane->fork); !s.ok()) return s;
   if (absl::Status s = NewEvent(&lane->done); !s.ok()) return s;
-  const bool side =
-      plan.path() == TransferPath::kStaged
-          ? plan.options().copy_engine_share > 0
-          : plan.path() == TransferPath::kCopyEngine &&
-                plan.options().copy_streams > 1;
-  if (side) {
+  if (plan.path() != TransferPath::kStaged) return absl::OkStatus();
+  if (plan.options().copy_engine_share > 0) {
     if (cudaError_t err = cudaStreamCreateWithFlags(&lane->side_stream,
                                                     cudaStreamNonBlocking);
         err != cudaSuccess) {
@@ -128,7 +123,6 @@ absl::Status CreateLane(const TransferPlan& plan, int priority, Lane* lane) {
     }
     if (absl::Status s = NewEvent(&lane->side_done); !s.ok()) return s;
   }
-  if (plan.path() != TransferPath::kStaged) return absl::OkStatus();
   for (Lane::Buffer& b : lane->buffers) {
     if (cudaError_t err = cudaMalloc(&b.base, plan.staging().buffer_bytes);
         err != cudaSuccess) {
@@ -188,16 +182,14 @@ absl::Status Wait(cudaStream_t s, cudaEvent_t e) {
 // cudaMemcpyAsync per copy on 1-4 streams by 5-40 % (rows of 256 KiB - 2 MiB;
 // streams of one direction share a copy engine, so more streams only added
 // overhead) and a batch per stream on two streams by ~1 %.
-absl::Status IssueCopies(Lane* lane, CopyDirection direction,
-                         absl::Span<const EngineCopy> copies,
-                         cudaStream_t stream)
+absl::Status IssueCopies(Lane* lane, CopyDirection direction)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane->mu) {
-  if (copies.empty()) return absl::OkStatus();
+  if (lane->copies.empty()) return absl::OkStatus();
   const bool to_host = direction == CopyDirection::kToHost;
   lane->dsts.clear();
   lane->srcs.clear();
   lane->sizes.clear();
-  for (const EngineCopy& e : copies) {
+  for (const EngineCopy& e : lane->copies) {
     lane->dsts.push_back(reinterpret_cast<void*>(to_host ? e.host : e.device));
     lane->srcs.push_back(
         reinterpret_cast<const void*>(to_host ? e.device : e.host));
@@ -208,16 +200,11 @@ absl::Status IssueCopies(Lane* lane, CopyDirection direction,
   size_t attr_index = 0;
   if (cudaError_t err = cudaMemcpyBatchAsync(
           lane->dsts.data(), lane->srcs.data(), lane->sizes.data(),
-          lane->dsts.size(), &attr, &attr_index, 1, stream);
+          lane->dsts.size(), &attr, &attr_index, 1, lane->copy_stream);
       err != cudaSuccess) {
     return CudaError("cudaMemcpyBatchAsync", err);
   }
   return absl::OkStatus();
-}
-
-absl::Status IssueCopies(Lane* lane, CopyDirection direction)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane->mu) {
-  return IssueCopies(lane, direction, lane->copies, lane->copy_stream);
 }
 
 // Enqueues lane->copies2d on the lane's side stream, one cudaMemcpy2DAsync
@@ -243,42 +230,15 @@ absl::Status IssueCopies2D(Lane* lane, CopyDirection direction)
 
 // Forks the lane's copy stream off `caller`, enqueues lane->copies there as
 // one batch and joins the caller's stream to its end, the join also after a
-// failure (see StagedPages). The copy-engine path and snapshots. With
-// `split` (and a side stream, at least two copies), the copies' second half
-// by bytes goes as a batch of its own on the side stream, forked and joined
-// the same way.
+// failure (see StagedPages). The copy-engine path and snapshots.
 absl::Status ForkCopiesJoin(Lane* lane, CopyDirection direction,
-                            cudaStream_t caller, bool split = false)
+                            cudaStream_t caller)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane->mu) {
-  split = split && lane->side_stream != nullptr && lane->copies.size() > 1;
-  size_t half = lane->copies.size();
-  if (split) {
-    uint64_t total = 0, sum = 0;
-    for (const EngineCopy& e : lane->copies) total += e.bytes;
-    half = 0;
-    while (half + 1 < lane->copies.size() && 2 * sum < total) {
-      sum += lane->copies[half++].bytes;
-    }
-    half = std::max<size_t>(half, 1);
-  }
-  const absl::Span<const EngineCopy> all(lane->copies);
   absl::Status status = Record(lane->fork, caller);
   if (status.ok()) status = Wait(lane->copy_stream, lane->fork);
-  if (status.ok() && split) status = Wait(lane->side_stream, lane->fork);
-  if (status.ok()) {
-    status = IssueCopies(lane, direction, all.subspan(0, half),
-                         lane->copy_stream);
-  }
-  if (status.ok() && split) {
-    status =
-        IssueCopies(lane, direction, all.subspan(half), lane->side_stream);
-  }
+  if (status.ok()) status = IssueCopies(lane, direction);
   absl::Status join = Record(lane->done, lane->copy_stream);
   if (join.ok()) join = Wait(caller, lane->done);
-  if (split) {
-    if (join.ok()) join = Record(lane->side_done, lane->side_stream);
-    if (join.ok()) join = Wait(caller, lane->side_done);
-  }
   return status.ok() ? join : status;
 }
 
@@ -603,8 +563,7 @@ absl::Status TransferEngine::CopyEnginePages(
   lane.copies.clear();
   plan_.PageRuns(gpu_pages, rows, &lane.copies);
   absl::Status status =
-      ForkCopiesJoin(&lane, direction, static_cast<cudaStream_t>(stream),
-                     /*split=*/plan_.options().copy_streams > 1);
+      ForkCopiesJoin(&lane, direction, static_cast<cudaStream_t>(stream));
   if (status.ok()) slices_launched_.fetch_add(1, std::memory_order_relaxed);
   return status;
 #else

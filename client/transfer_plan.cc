@@ -229,11 +229,6 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
         absl::StrCat("copy_engine_share ", options.copy_engine_share,
                      " is not a percentage in [0, 100]"));
   }
-  if (options.copy_streams == 0 || options.copy_streams > kMaxCopyStreams) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("copy_streams ", options.copy_streams, " is not in [1, ",
-                     kMaxCopyStreams, "]"));
-  }
   if (options.first_slice_bytes > options.staging_bytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("first_slice_bytes ", options.first_slice_bytes,

@@ -124,10 +124,6 @@ inline constexpr uint64_t kAutoFirstSliceBytes = 2ull << 20;
 // microseconds on 32 SMs.
 inline constexpr uint32_t kDefaultEdgeSliceCtas = 32;
 
-// Default TransferOptions::copy_streams: one stream, one batch.
-inline constexpr uint32_t kDefaultCopyStreams = 1;
-inline constexpr uint32_t kMaxCopyStreams = 2;
-
 // Default grid of the staged gather / scatter: at most 8 SMs, each busy for
 // a short burst per slice.
 inline constexpr uint32_t kDefaultStagingCtas = 8;
@@ -167,12 +163,6 @@ struct TransferOptions {
   // [0, 100]. The copy engine needs no SMs, so that share keeps moving
   // while compute holds every SM and the gathers wait.
   uint32_t copy_engine_share = kDefaultCopyEngineShare;
-  // Streams the copy-engine path (kCopyEngine) spreads a transfer's copies
-  // over, one batch each, split in halves by bytes, in [1,
-  // kMaxCopyStreams]. On an idle H200 a second stream gained ~1 % (one
-  // direction's streams largely share a copy engine); it is a knob for the
-  // benchmark's frontier beside compute.
-  uint32_t copy_streams = kDefaultCopyStreams;
 };
 
 // One copy-engine copy: `bytes` bytes between device address `device` (a

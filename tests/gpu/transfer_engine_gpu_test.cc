@@ -530,16 +530,6 @@ TEST(TransferEngineGpu, BlockFirstPoolsGoThroughTheCopyEngine) {
     ASSERT_NO_FATAL_FAILURE(RoundTrip(Fp8Layout(4), PoolOf(320, 200), 150,
                                       CopyEngine(), TransferPath::kCopyEngine));
   }
-  for (const bool page_major : {true, false}) {
-    SCOPED_TRACE(page_major ? "block-first, two copy streams"
-                            : "tensor-major, two copy streams");
-    TransferOptions two = CopyEngine();
-    two.copy_streams = 2;
-    ASSERT_NO_FATAL_FAILURE(RoundTrip(page_major ? Bf16Layout(4)
-                                                 : Fp8Layout(4),
-                                      PoolOf(320, 200, page_major), 150, two,
-                                      TransferPath::kCopyEngine));
-  }
   Twin t;
   ASSERT_NO_FATAL_FAILURE(
       Build(Bf16Layout(4), PoolOf(256, 128, /*page_major=*/true), &t));

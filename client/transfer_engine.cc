@@ -182,7 +182,8 @@ absl::Status Wait(cudaStream_t s, cudaEvent_t e) {
 // cudaMemcpyAsync per copy on 1-4 streams by 5-40 % (rows of 256 KiB - 2 MiB;
 // streams of one direction share a copy engine, so more streams only added
 // overhead) and a batch per stream on two streams by ~1 %.
-absl::Status IssueCopies(Lane* lane, CopyDirection direction)
+absl::Status IssueCopies(Lane* lane, CopyDirection direction,
+                         cudaStream_t stream)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane->mu) {
   if (lane->copies.empty()) return absl::OkStatus();
   const bool to_host = direction == CopyDirection::kToHost;
@@ -200,11 +201,16 @@ absl::Status IssueCopies(Lane* lane, CopyDirection direction)
   size_t attr_index = 0;
   if (cudaError_t err = cudaMemcpyBatchAsync(
           lane->dsts.data(), lane->srcs.data(), lane->sizes.data(),
-          lane->dsts.size(), &attr, &attr_index, 1, lane->copy_stream);
+          lane->dsts.size(), &attr, &attr_index, 1, stream);
       err != cudaSuccess) {
     return CudaError("cudaMemcpyBatchAsync", err);
   }
   return absl::OkStatus();
+}
+
+absl::Status IssueCopies(Lane* lane, CopyDirection direction)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane->mu) {
+  return IssueCopies(lane, direction, lane->copy_stream);
 }
 
 // Enqueues lane->copies2d on the lane's side stream, one cudaMemcpy2DAsync
@@ -483,10 +489,19 @@ absl::Status TransferEngine::StagedPages(CopyDirection direction,
   if (status.ok() && side > 0) {
     status = Wait(lane.side_stream, lane.fork);
     side_forked = status.ok();
-    lane.copies2d.clear();
-    plan_.PageCopies2D(gpu_pages.subspan(staged), rows.subspan(staged),
-                       &lane.copies2d);
-    if (status.ok()) status = IssueCopies2D(&lane, direction);
+    if (plan_.page_runs() == 1) {
+      // Block-first pages (one run each): one batch, as the copy-engine
+      // path issues it, rather than a 2D copy per page.
+      lane.copies.clear();
+      plan_.PageRuns(gpu_pages.subspan(staged), rows.subspan(staged),
+                     &lane.copies);
+      if (status.ok()) status = IssueCopies(&lane, direction, lane.side_stream);
+    } else {
+      lane.copies2d.clear();
+      plan_.PageCopies2D(gpu_pages.subspan(staged), rows.subspan(staged),
+                         &lane.copies2d);
+      if (status.ok()) status = IssueCopies2D(&lane, direction);
+    }
     if (status.ok()) slices_launched_.fetch_add(1, std::memory_order_relaxed);
   }
   size_t begin = 0;

@@ -159,9 +159,10 @@ struct TransferOptions {
   uint32_t edge_slice_ctas = kDefaultEdgeSliceCtas;
   // Percent of a staged transfer's pages (the last ones) that the copy
   // engine moves straight between the pool and the rows, on a stream of its
-  // own beside the staged pipeline, with 2D copies (PageCopies2D), in
-  // [0, 100]. The copy engine needs no SMs, so that share keeps moving
-  // while compute holds every SM and the gathers wait.
+  // own beside the staged pipeline, with 2D copies (PageCopies2D) or, where
+  // a page is one run (page_runs() == 1: block-first pools), as one batch
+  // of PageRuns, in [0, 100]. The copy engine needs no SMs, so that share
+  // keeps moving while compute holds every SM and the gathers wait.
   uint32_t copy_engine_share = kDefaultCopyEngineShare;
 };
 

@@ -530,6 +530,16 @@ TEST(TransferEngineGpu, BlockFirstPoolsGoThroughTheCopyEngine) {
     ASSERT_NO_FATAL_FAILURE(RoundTrip(Fp8Layout(4), PoolOf(320, 200), 150,
                                       CopyEngine(), TransferPath::kCopyEngine));
   }
+  {
+    // Staged with 60 % of the pages in one copy-engine batch beside it.
+    SCOPED_TRACE("block-first, staged with a 60 % copy-engine share");
+    TransferOptions share;
+    share.path = TransferPath::kStaged;
+    share.copy_engine_share = 60;
+    ASSERT_NO_FATAL_FAILURE(RoundTrip(Bf16Layout(4),
+                                      PoolOf(256, 128, /*page_major=*/true),
+                                      100, share, TransferPath::kStaged));
+  }
   Twin t;
   ASSERT_NO_FATAL_FAILURE(
       Build(Bf16Layout(4), PoolOf(256, 128, /*page_major=*/true), &t));

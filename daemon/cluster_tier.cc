@@ -292,7 +292,6 @@ void ClusterTier::CountPrefetchStages(const PrefetchStages& stages) {
   prefetch_wait_micros_.fetch_add(Micros(stages.wait));
   prefetch_check_micros_.fetch_add(Micros(stages.check));
   prefetch_commit_micros_.fetch_add(Micros(stages.commit));
-  prefetch_copy_micros_.fetch_add(Micros(stages.copy));
 }
 
 size_t ClusterTier::CheckThreads() const {
@@ -329,8 +328,6 @@ ClusterCounters ClusterTier::Counters() const {
       static_cast<double>(prefetch_check_micros_.load()) / 1e6;
   c.prefetch_commit_seconds =
       static_cast<double>(prefetch_commit_micros_.load()) / 1e6;
-  c.prefetch_copy_seconds =
-      static_cast<double>(prefetch_copy_micros_.load()) / 1e6;
   c.jobs_refused = jobs_refused_.load();
   {
     absl::MutexLock lock(&mu_);

@@ -48,7 +48,7 @@ ABSL_FLAG(uint32_t, cluster_prefetch_slice_pages, 32,
           "most 64 MiB).");
 ABSL_FLAG(uint32_t, cluster_prefetch_threads, 2,
           "Prefetches that run at once.");
-ABSL_FLAG(uint32_t, cluster_prefetch_in_flight, 2,
+ABSL_FLAG(uint32_t, cluster_prefetch_in_flight, 4,
           "Slices of one prefetch whose GETs are out at once (1..8; each "
           "holds up to a slice's bytes of memory).");
 ABSL_FLAG(uint32_t, cluster_check_threads, 0,

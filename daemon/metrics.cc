@@ -194,14 +194,13 @@ void CollectCluster(const ClusterTier& cluster,
   out->push_back(prefetched.Take());
   Family stages("kvtier_cluster_prefetch_stage_seconds_total",
                 "Seconds prefetch jobs spent per stage: wait (for a slice's "
-                "values), check (their MACs and layouts), commit (allocating "
-                "rows and committing them, journal included), copy (into "
-                "the rows)",
+                "values), check (their MACs and layouts, and the copy of "
+                "those that pass into their rows), commit (allocating rows "
+                "and committing them, journal included)",
                 MetricType::Counter);
   stages.Value({L("stage", "wait")}, c.prefetch_wait_seconds);
   stages.Value({L("stage", "check")}, c.prefetch_check_seconds);
   stages.Value({L("stage", "commit")}, c.prefetch_commit_seconds);
-  stages.Value({L("stage", "copy")}, c.prefetch_copy_seconds);
   out->push_back(stages.Take());
   Family queue("kvtier_cluster_spill_queue_bytes",
                "Bytes of values waiting to be written", MetricType::Gauge);

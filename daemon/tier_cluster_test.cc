@@ -182,17 +182,39 @@ TEST_F(TierClusterTest, SlicesInFlightChangeNothingButTheOverlap) {
   ASSERT_GT(value.size(), 200u);
   value[150] ^= 1;
   Plant(key, value);
+  {
+    ClusterNode b(*redis_, true, TestClusterKey(), 64, nullptr,
+                  PrefetchTweaks{2, 4, 3});
+    b.Attach("inflight", layout);
+    ASSERT_TRUE(b.Prefetch(hashes).ok());
+    EXPECT_EQ(b.WaitPrefetched(hashes), 9u);
+    b.ExpectPages(2, hashes, 9);
+    const ClusterCounters c = b.cluster().Counters();
+    EXPECT_EQ(c.prefetched_pages, 9u);
+    EXPECT_EQ(c.prefetches_cut, 1u);
+    EXPECT_GE(c.rejected_values, 1u);
+    EXPECT_TRUE(b.core().CheckInvariants().ok());
+  }
+  // Page 9 mended, the last page (the one with the snapshot) corrupt: its
+  // page and snapshot rows, taken before the check, go back; every row is
+  // accounted for (CheckInvariants) and a second prefetch finds the same.
+  const std::string key19 = ClusterKeyOf("inflight", layout, hashes, 19);
+  std::string value19 = Fetch(key19);
+  value[150] ^= 1;
+  Plant(key, value);
+  value19[150] ^= 1;
+  Plant(key19, value19);
   ClusterNode b(*redis_, true, TestClusterKey(), 64, nullptr,
                 PrefetchTweaks{2, 4, 3});
   b.Attach("inflight", layout);
-  ASSERT_TRUE(b.Prefetch(hashes).ok());
-  EXPECT_EQ(b.WaitPrefetched(hashes), 9u);
-  b.ExpectPages(2, hashes, 9);
-  const ClusterCounters c = b.cluster().Counters();
-  EXPECT_EQ(c.prefetched_pages, 9u);
-  EXPECT_EQ(c.prefetches_cut, 1u);
-  EXPECT_GE(c.rejected_values, 1u);
-  EXPECT_TRUE(b.core().CheckInvariants().ok());
+  for (int round = 0; round < 2; ++round) {
+    ASSERT_TRUE(b.Prefetch(hashes).ok());
+    EXPECT_EQ(b.WaitPrefetched(hashes), 19u);
+    b.ExpectPages(2, hashes, 19);
+    EXPECT_FALSE(b.Lookup(hashes, false).has_snapshot());
+    EXPECT_TRUE(b.core().CheckInvariants().ok());
+  }
+  EXPECT_EQ(b.cluster().Counters().prefetched_pages, 19u);
 }
 
 TEST(ClusterTierOptionsTest, BadPrefetchSettingsAreRefusedByName) {

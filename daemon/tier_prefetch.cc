@@ -4,15 +4,17 @@
 //
 // Per slice: (1) fetch every rank's value of its pages, with no lock, into
 // an arena of the job's (the values are checked where the socket put
-// them), and keep the leading pages whose values all pass
-// DecodeClusterValue; up to prefetch_in_flight slices' GETs are out at
-// once, each slice on a thread and connections of its own; (2) under
-// the namespace's lock, pin the chain's end (the page before the slice),
-// allocate the rows (evicting as a Reserve would) and journal them as
-// reserved; (3) copy with no lock: the rows are allocated-uncommitted and
-// this job's alone, invisible to lookups and to every reservation; (4) under
-// the lock, commit them for every rank and journal the commit, then move the
-// pin to the slice's last page. A dropped namespace (its index cleared) or a
+// them), up to prefetch_in_flight slices' GETs out at once, each slice on a
+// thread and connections of its own, and take the leading pages whose
+// every value arrived; (2) under the namespace's lock, pin the chain's end
+// (the page before the slice), allocate their rows (evicting as a Reserve
+// would) and journal them as reserved; (3) with no lock, check each value
+// (DecodeClusterValue) and copy the ones that pass into their rows: the
+// rows are allocated-uncommitted and this job's alone, invisible to lookups
+// and to every reservation; keep the leading pages whose every value
+// passed and give the other rows back; (4) under the lock, commit the kept
+// pages for every rank and journal the commit, then move the pin to the
+// slice's last page. A dropped namespace (its index cleared) or a
 // core shutting down ends the job at its next step; so does anything that
 // fails: what was committed stays, the rest is a miss.
 //
@@ -55,12 +57,6 @@ void ParallelFor(size_t n, size_t threads, const Fn& fn) {
   for (auto& f : others) f.get();
 }
 
-// One slice's checked values: decoded[p * ranks + r], views of its arena.
-struct Slice {
-  std::vector<DecodedClusterValue> decoded;
-  uint32_t pages = 0;  // Leading pages whose every rank passed.
-};
-
 }  // namespace
 
 void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
@@ -88,8 +84,8 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
   };
   // The next slices' GETs are out while this one is checked, copied and
   // committed (prefetch_in_flight slices in all, a thread each); values are
-  // checked, then copied into their rows, on CheckThreads() threads (the
-  // HMAC is the costliest step per byte).
+  // checked and copied into their rows on CheckThreads() threads (the HMAC
+  // is the costliest step per byte).
   // Each slice's values are read straight into an arena (no copy but the
   // kernel's), one per slice in flight, reused from slice to slice.
   struct Pending {
@@ -158,54 +154,39 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
     const std::vector<absl::StatusOr<absl::string_view>> fetched =
         current.values.get();
     lap(&stages.wait);
-    // (1) Check every value, in parallel; keep the leading pages whose
-    // every rank passed.
-    Slice slice;
-    std::vector<absl::StatusOr<DecodedClusterValue>> checked(
-        fetched.size(), absl::UnknownError("not checked"));
-    ParallelFor(fetched.size(), check_threads, [&](size_t i) {
-      if (!fetched[i].ok()) {
-        checked[i] = fetched[i].status();
-        return;
+    // (1) The leading pages whose every rank's value arrived (a miss or an
+    // error ends the slice there). Which of them carry a snapshot is read
+    // off their sizes: unverified, it only sizes the allocation; the check
+    // below decides.
+    uint32_t avail = 0;
+    for (; avail < n; ++avail) {
+      bool all = true;
+      for (uint32_t r = 0; r < ranks && all; ++r) {
+        all = fetched[size_t{avail} * ranks + r].ok();
       }
-      checked[i] =
-          DecodeClusterValue(cluster->key(), *fetched[i], current.shapes[i]);
-    });
-    for (uint32_t p = 0; p < n; ++p) {
-      bool bad = false;
-      for (uint32_t r = 0; r < ranks && !bad; ++r) {
-        auto& d = checked[size_t{p} * ranks + r];
-        if (d.ok()) continue;
-        bad = true;
-        if (!fetched[size_t{p} * ranks + r].ok()) break;  // A miss.
-        cluster->CountRejected();
-        SPDLOG_WARN(
-            "namespace '{}': cluster value of page {} rank {} "
-            "refused: {}",
-            ns.name, pos + p, r, d.status().ToString());
-      }
-      if (bad) break;
-      for (uint32_t r = 0; r < ranks; ++r) {
-        slice.decoded.push_back(*std::move(checked[size_t{p} * ranks + r]));
-      }
-      slice.pages = p + 1;
+      if (!all) break;
     }
-    lap(&stages.check);
-    const uint32_t good = slice.pages;
-    if (good == 0) {
+    if (avail == 0) {
       cut = true;
       break;
     }
-    // (2) Pin the chain's end, allocate and journal.
     std::vector<std::vector<uint32_t>> page_rows(ranks), snap_rows(ranks);
     std::vector<std::vector<uint32_t>> snap_pages(ranks);  // Page of each.
-    for (uint32_t p = 0; p < good; ++p) {
+    for (uint32_t p = 0; p < avail; ++p) {
       for (uint32_t r = 0; r < ranks; ++r) {
-        if (slice.decoded[size_t{p} * ranks + r].has_snapshot) {
+        const ClusterValueShape& shape = current.shapes[size_t{p} * ranks + r];
+        if (shape.snapshot_bytes > 0 &&
+            fetched[size_t{p} * ranks + r]->size() ==
+                ClusterValueBytes(shape, /*snapshot=*/true)) {
           snap_pages[r].push_back(p);
         }
       }
     }
+    // (2) Pin the chain's end, allocate and journal. Rows are taken before
+    // the values are checked, so that each value is copied while its check
+    // left it in cache; a page that then fails gives its rows back (what
+    // the allocation evicted for it stays evicted: values that fail are
+    // rare, and never served).
     HashKey parent;
     const bool has_parent = pos > 0;
     if (has_parent) parent = keys[pos - 1];
@@ -231,7 +212,7 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
       uint32_t r = 0;
       for (; r < ranks; ++r) {
         auto rows = ns.index->AllocateRows(
-            r, good, static_cast<uint32_t>(snap_pages[r].size()));
+            r, avail, static_cast<uint32_t>(snap_pages[r].size()));
         if (!rows.ok()) {
           failed = rows.status();
           break;
@@ -265,30 +246,87 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
       PublishRemoved(ns);  // What the allocation evicted.
     }
     lap(&stages.commit);
-    // (3) Copy, in parallel: the rows are this job's alone. The s-th
-    // snapshot row of rank r holds the snapshot of page snap_pages[r][s].
-    std::vector<uint32_t> snap_slot(size_t{good} * ranks, 0);
+    // (3) Check each value and, if it passes, copy it into its rows at once,
+    // in parallel: the rows are this job's alone, invisible to lookups and
+    // reservations until committed. The s-th snapshot row of rank r holds
+    // the snapshot of page snap_pages[r][s].
+    constexpr uint32_t kNoSlot = ~0u;
+    std::vector<uint32_t> snap_slot(size_t{avail} * ranks, kNoSlot);
     for (uint32_t r = 0; r < ranks; ++r) {
       for (size_t s = 0; s < snap_pages[r].size(); ++s) {
         snap_slot[size_t{snap_pages[r][s]} * ranks + r] =
             static_cast<uint32_t>(s);
       }
     }
-    ParallelFor(size_t{good} * ranks, check_threads, [&](size_t i) {
+    std::vector<absl::Status> checked(size_t{avail} * ranks);
+    ParallelFor(size_t{avail} * ranks, check_threads, [&](size_t i) {
+      absl::StatusOr<DecodedClusterValue> d =
+          DecodeClusterValue(cluster->key(), *fetched[i], current.shapes[i]);
+      if (!d.ok()) {
+        checked[i] = d.status();
+        return;
+      }
+      if (d->has_snapshot != (snap_slot[i] != kNoSlot)) {
+        checked[i] = absl::DataLossError(
+            "cluster value: snapshot flag does not match its size");
+        return;
+      }
       const uint32_t p = static_cast<uint32_t>(i / ranks);
       const uint32_t r = static_cast<uint32_t>(i % ranks);
-      const DecodedClusterValue& d = slice.decoded[i];
       for (size_t b = 0; b < banks; ++b) {
-        std::memcpy(ns.segments[r][b]->row(page_rows[r][p]), d.banks[b].data(),
-                    d.banks[b].size());
+        std::memcpy(ns.segments[r][b]->row(page_rows[r][p]), d->banks[b].data(),
+                    d->banks[b].size());
       }
-      if (d.has_snapshot) {
+      if (d->has_snapshot) {
         std::memcpy(ns.segments[r][banks]->row(snap_rows[r][snap_slot[i]]),
-                    d.snapshot.data(), d.snapshot.size());
+                    d->snapshot.data(), d->snapshot.size());
       }
     });
+    // The leading pages whose every rank passed.
+    uint32_t good = 0;
+    for (; good < avail; ++good) {
+      bool bad = false;
+      for (uint32_t r = 0; r < ranks && !bad; ++r) {
+        const absl::Status& st = checked[size_t{good} * ranks + r];
+        if (st.ok()) continue;
+        bad = true;
+        cluster->CountRejected();
+        SPDLOG_WARN(
+            "namespace '{}': cluster value of page {} rank {} "
+            "refused: {}",
+            ns.name, pos + good, r, st.ToString());
+      }
+      if (bad) break;
+    }
     spare_arenas.push_back(std::move(current.arena));
-    lap(&stages.copy);
+    lap(&stages.check);
+    // Rows of the pages past the last good one go back.
+    if (good < avail) {
+      absl::MutexLock lock(&ns.mu);
+      for (uint32_t r = 0; r < ranks; ++r) {
+        const size_t s = static_cast<size_t>(
+            std::lower_bound(snap_pages[r].begin(), snap_pages[r].end(),
+                             good) -
+            snap_pages[r].begin());
+        const absl::Span<const uint32_t> pages_back =
+            absl::MakeConstSpan(page_rows[r]).subspan(good);
+        const absl::Span<const uint32_t> snaps_back =
+            absl::MakeConstSpan(snap_rows[r]).subspan(s);
+        ns.prefetch_page_rows[r] -= pages_back.size();
+        ns.prefetch_snapshot_rows[r] -= snaps_back.size();
+        if (!ns.dropped) {
+          (void)ns.index->FreePageRows(r, pages_back);
+          (void)ns.index->FreeSnapshotRows(r, snaps_back);
+        }
+        page_rows[r].resize(good);
+        snap_rows[r].resize(s);
+        snap_pages[r].resize(s);
+      }
+    }
+    if (good == 0) {
+      cut = true;
+      break;
+    }
     // (4) Commit every rank, journal, move the pin.
     const absl::Span<const HashKey> slice_keys(keys.data() + pos, good);
     {

@@ -11,7 +11,8 @@ size from the same place. Prints one JSON object.
 Topology (python/tests/netns.py; root and iproute2 needed): three Redis
 masters (no replicas) r0 r1 r2, node A's kvtierd and node B's kvtierd, each
 in a network namespace of its own, joined by a bridge in a "switch"
-namespace. Steps:
+namespace. The Redis servers run with MALLOC_CONF=--redis-malloc-conf
+(default: jemalloc keeps freed pages, as docs/cluster.md advises). Steps:
 
   1. A (--cluster_write_through) commits a prefix of --tokens tokens, one
      page bank of --page-bytes per page of --tokens-per-page tokens
@@ -85,6 +86,10 @@ from netns_redis import (NetnsRedisCluster, find_tool, key_file,  # noqa: E402
 from perf_shares import perf_record, perf_shares  # noqa: E402
 
 MASTERS = ["r0", "r1", "r2"]
+# What docs/cluster.md advises for the Redis servers of a cluster tier:
+# jemalloc keeps the pages of freed reply buffers instead of handing them back
+# to the kernel, which refaults them on the next burst of GETs.
+REDIS_MALLOC_CONF = "dirty_decay_ms:-1,muzzy_decay_ms:-1"
 NAME = "bench-prefix"
 
 
@@ -115,6 +120,11 @@ def parse_args(argv=None):
                     help="B's kvtierd with these extra flags (space-separated), "
                          "run for each slice size; repeatable (default: one "
                          "variant 'default' with none)")
+    ap.add_argument("--redis-malloc-conf", default=REDIS_MALLOC_CONF,
+                    help="MALLOC_CONF of the Redis servers (jemalloc options; "
+                         "default: freed reply buffers kept rather than "
+                         "returned to the kernel, as docs/cluster.md advises; "
+                         "'' for jemalloc's own defaults)")
     ap.add_argument("--perf", action="store_true",
                     help="perf record B's kvtierd (call graphs) during one more "
                          "prefetch of each slice size and variant")
@@ -345,7 +355,7 @@ def prefetch_once(topo, b, nb, hashes, perf_out: str | None, redis,
         m0.get('kvtier_cluster_bytes_total{direction="in"}', 0)
     stage = 'kvtier_cluster_prefetch_stage_seconds_total{stage="%s"}'
     stages = {st: round(m1.get(stage % st, 0) - m0.get(stage % st, 0), 4)
-              for st in ("wait", "check", "commit", "copy")}
+              for st in ("wait", "check", "commit")}
     return {"seconds": round(seconds, 4), "prefetch_answer": [res.local_pages,
             res.remote_pages, res.prefetching_pages],
             "fetch_calls": int(fetches), "fetch_seconds": round(fetch_s, 4),
@@ -506,6 +516,7 @@ def main(argv=None) -> int:
                          "variants": {n: f for n, f in args.variants},
                          "redis_masters": len(MASTERS), "redis_replicas": 0,
                          "redis_maxmemory_bytes": maxmemory, "quick": args.quick,
+                         "redis_malloc_conf": args.redis_malloc_conf,
                          "topology": "one network namespace per Redis master and "
                                      "per kvtierd, veths on a bridge in a switch "
                                      "namespace"}}
@@ -515,7 +526,9 @@ def main(argv=None) -> int:
         with contextlib.ExitStack() as stack:
             topo = stack.enter_context(Topology(MASTERS + ["a", "b"]))
             redis = stack.enter_context(NetnsRedisCluster(
-                topo, MASTERS, maxmemory=str(maxmemory)))
+                topo, MASTERS, maxmemory=str(maxmemory),
+                env={"MALLOC_CONF": args.redis_malloc_conf}
+                if args.redis_malloc_conf else None))
             key = key_file(os.path.join(work, "cluster.key"))
             common = [f"--cluster_redis={redis.seeds}", f"--cluster_key_file={key}",
                       f"--cluster_user={redis.user}",

@@ -61,12 +61,14 @@ class NetnsRedisCluster:
       user: the daemons' ACL user (--cluster_user), with a random password.
       node_timeout_ms: cluster-node-timeout (how soon a failover starts).
       server, cli: redis-server and redis-cli (None: find_tool()).
+      env: extra environment of the servers (e.g. MALLOC_CONF, read by the
+        jemalloc Debian's redis-server links).
     """
 
     def __init__(self, topo: Topology, masters, replicas=(), *,
                  maxmemory: str = "256mb", user: str = "kvtierd",
                  node_timeout_ms: int = 1000, server: str | None = None,
-                 cli: str | None = None):
+                 cli: str | None = None, env: dict[str, str] | None = None):
         if len(masters) < 3:
             raise ValueError(f"masters: Redis Cluster needs 3, got {len(masters)}")
         if len(replicas) % len(masters):
@@ -78,6 +80,7 @@ class NetnsRedisCluster:
         self.hosts = self.masters + self.replicas
         self.maxmemory, self.user = maxmemory, user
         self.node_timeout_ms = node_timeout_ms
+        self.env = dict(os.environ, **env) if env else None
         self.password = secrets.token_hex(16)
         self.admin_password = secrets.token_hex(16)
         self.dir = tempfile.mkdtemp(prefix="kvtier-netns-redis-")
@@ -136,7 +139,7 @@ class NetnsRedisCluster:
         conf = os.path.join(self.dir, host, "redis.conf")
         self.procs[host] = self.topo.popen(
             host, [self.server, conf], stdout=subprocess.DEVNULL,
-            stderr=subprocess.STDOUT)
+            stderr=subprocess.STDOUT, env=self.env)
 
     def command(self, host: str, *argv, via: str | None = None,
                 cluster_mode: bool = False, stdin: bytes | None = None,

@@ -177,11 +177,12 @@ absl::Status Wait(cudaStream_t s, cudaEvent_t e) {
   return absl::OkStatus();
 }
 
-// Enqueues lane->copies on the lane's copy stream as one
-// cudaMemcpyBatchAsync. On the H200 one batch on one stream beat one
-// cudaMemcpyAsync per copy on 1-4 streams by 5-40 % (rows of 256 KiB - 2 MiB;
-// streams of one direction share a copy engine, so more streams only added
-// overhead) and a batch per stream on two streams by ~1 %.
+// Enqueues lane->copies on `stream` (the lane's copy stream, or its side
+// stream for a copy-engine share) as one cudaMemcpyBatchAsync. On the H200 one
+// batch on one stream beat one cudaMemcpyAsync per copy on 1-4 streams by 5-40
+// % (rows of 256 KiB - 2 MiB; streams of one direction share a copy engine, so
+// more streams only added overhead) and a batch per stream on two streams by ~1
+// % (2026-12-03: f256k beside the decode step, 46.0 GB/s either way).
 absl::Status IssueCopies(Lane* lane, CopyDirection direction,
                          cudaStream_t stream)
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane->mu) {
@@ -206,11 +207,6 @@ absl::Status IssueCopies(Lane* lane, CopyDirection direction,
     return CudaError("cudaMemcpyBatchAsync", err);
   }
   return absl::OkStatus();
-}
-
-absl::Status IssueCopies(Lane* lane, CopyDirection direction)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane->mu) {
-  return IssueCopies(lane, direction, lane->copy_stream);
 }
 
 // Enqueues lane->copies2d on the lane's side stream, one cudaMemcpy2DAsync
@@ -242,7 +238,7 @@ absl::Status ForkCopiesJoin(Lane* lane, CopyDirection direction,
     ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane->mu) {
   absl::Status status = Record(lane->fork, caller);
   if (status.ok()) status = Wait(lane->copy_stream, lane->fork);
-  if (status.ok()) status = IssueCopies(lane, direction);
+  if (status.ok()) status = IssueCopies(lane, direction, lane->copy_stream);
   absl::Status join = Record(lane->done, lane->copy_stream);
   if (join.ok()) join = Wait(caller, lane->done);
   return status.ok() ? join : status;
@@ -524,13 +520,13 @@ absl::Status TransferEngine::StagedPages(CopyDirection direction,
       }
       if (status.ok()) status = Record(buf.kernel_done, lane.kernel_stream);
       if (status.ok()) status = Wait(lane.copy_stream, buf.kernel_done);
-      if (status.ok()) status = IssueCopies(&lane, direction);
+      if (status.ok()) status = IssueCopies(&lane, direction, lane.copy_stream);
       if (status.ok()) status = Record(buf.copies_done, lane.copy_stream);
     } else {
       // Copy in once the buffer's previous scatter has read it out, then
       // scatter it once copied.
       status = Wait(lane.copy_stream, buf.kernel_done);
-      if (status.ok()) status = IssueCopies(&lane, direction);
+      if (status.ok()) status = IssueCopies(&lane, direction, lane.copy_stream);
       if (status.ok()) status = Record(buf.copies_done, lane.copy_stream);
       if (status.ok()) status = Wait(lane.kernel_stream, buf.copies_done);
       if (status.ok()) {

@@ -33,9 +33,9 @@ absl::StatusOr<std::unique_ptr<ClusterTier>> ClusterTier::Create(
                      " is not in 1..64"));
   }
   if (options.prefetch_in_flight == 0 || options.prefetch_in_flight > 8) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--cluster_prefetch_in_flight: ",
-                     options.prefetch_in_flight, " is not in 1..8"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--cluster_prefetch_in_flight: ", options.prefetch_in_flight,
+        " is not in 1..8"));
   }
   if (options.check_threads > 64) {
     return absl::InvalidArgumentError(

@@ -97,14 +97,14 @@ struct ClusterCounters {
   uint64_t spills_failed = 0;   // Queued, but the write failed.
   uint64_t fetched_values = 0;  // Values fetched (GET answered a value).
   uint64_t fetched_bytes = 0;
-  uint64_t fetch_misses = 0;       // GETs that found nothing.
-  uint64_t fetch_errors = 0;       // GETs that failed (node down, deadline).
-  uint64_t rejected_values = 0;    // Failed their MAC or layout check.
-  uint64_t fetches = 0;            // Pipelined GET rounds (slices).
-  double fetch_seconds = 0;        // Summed over fetches.
-  uint64_t prefetches = 0;         // Prefetch jobs started.
-  uint64_t prefetched_pages = 0;   // Pages they committed.
-  uint64_t prefetches_cut = 0;     // Ended before their last page.
+  uint64_t fetch_misses = 0;      // GETs that found nothing.
+  uint64_t fetch_errors = 0;      // GETs that failed (node down, deadline).
+  uint64_t rejected_values = 0;   // Failed their MAC or layout check.
+  uint64_t fetches = 0;           // Pipelined GET rounds (slices).
+  double fetch_seconds = 0;       // Summed over fetches.
+  uint64_t prefetches = 0;        // Prefetch jobs started.
+  uint64_t prefetched_pages = 0;  // Pages they committed.
+  uint64_t prefetches_cut = 0;    // Ended before their last page.
   // Where prefetch jobs spent their time, summed over jobs and slices:
   // waiting for a slice's values, checking them and copying them into
   // their rows, allocating rows and committing them (under the namespace's

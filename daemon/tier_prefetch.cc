@@ -305,8 +305,7 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
       absl::MutexLock lock(&ns.mu);
       for (uint32_t r = 0; r < ranks; ++r) {
         const size_t s = static_cast<size_t>(
-            std::lower_bound(snap_pages[r].begin(), snap_pages[r].end(),
-                             good) -
+            std::lower_bound(snap_pages[r].begin(), snap_pages[r].end(), good) -
             snap_pages[r].begin());
         const absl::Span<const uint32_t> pages_back =
             absl::MakeConstSpan(page_rows[r]).subspan(good);

@@ -217,6 +217,46 @@ TEST_F(TierClusterTest, SlicesInFlightChangeNothingButTheOverlap) {
   EXPECT_EQ(b.cluster().Counters().prefetched_pages, 19u);
 }
 
+// What a prefetch committed is journaled like any commit, and only that:
+// rows it took for a page whose value was refused went back without a
+// journal record, so a restart restores the prefix as far as it was good,
+// fences no row (the invariants count every allocated row), and the rest
+// can be prefetched later.
+TEST_F(TierClusterTest, APrefetchSurvivesARestartAndLeavesNoRowFenced) {
+  ClusterNode a(*redis_, true);
+  const v1::Layout layout = HybridLayout();
+  a.Attach("journaled", layout);
+  const std::string hashes = RandomHashes(20, 32, 451);
+  a.WritePages(4, "", hashes, 0, /*snapshot_last=*/true);
+  a.WaitSpilled(20);
+  const std::string key = ClusterKeyOf("journaled", layout, hashes, 13);
+  const std::string good = Fetch(key);
+  std::string bad = good;
+  bad[150] ^= 1;
+  Plant(key, bad);
+  PrefetchTweaks t{4, 4, 3};
+  t.journal = true;
+  ClusterNode b(*redis_, true, TestClusterKey(), 64, nullptr, t);
+  b.Attach("journaled", layout);
+  ASSERT_TRUE(b.Prefetch(hashes).ok());
+  EXPECT_EQ(b.WaitPrefetched(hashes), 13u);  // Slice 12-15 cut at 13.
+  b.Restart();
+  b.Attach("journaled", layout);
+  b.ExpectPages(4, hashes, 13);
+  EXPECT_TRUE(b.core().CheckInvariants().ok());
+  EXPECT_EQ(b.core().GetFenceCounters().fenced_page_rows, 0u);
+  EXPECT_EQ(b.core().GetFenceCounters().fenced_snapshot_rows, 0u);
+  // Mended: the rest comes in, snapshot included, and survives too.
+  Plant(key, good);
+  ASSERT_TRUE(b.Prefetch(hashes).ok());
+  EXPECT_EQ(b.WaitPrefetched(hashes), 20u);
+  b.Restart();
+  b.Attach("journaled", layout);
+  b.ExpectPages(4, hashes, 20, /*snapshot_page=*/19);
+  EXPECT_TRUE(b.core().CheckInvariants().ok());
+  EXPECT_EQ(b.core().GetFenceCounters().fenced_page_rows, 0u);
+}
+
 TEST(ClusterTierOptionsTest, BadPrefetchSettingsAreRefusedByName) {
   for (const auto& [in_flight, check_threads, flag] :
        {std::tuple<uint32_t, uint32_t, const char*>{

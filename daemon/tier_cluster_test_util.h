@@ -54,11 +54,13 @@ inline uint8_t PatternByte(uint64_t chain, uint32_t page, uint32_t bank,
   return static_cast<uint8_t>(x);
 }
 
-// A ClusterNode's prefetch settings (ClusterTierOptions' fields).
+// A ClusterNode's prefetch settings (ClusterTierOptions' fields), and
+// whether its core keeps a journal (so that Restart() recovers it).
 struct PrefetchTweaks {
   uint32_t slice_pages = 8;  // Several slices per prefix.
   uint32_t in_flight = 2;
   uint32_t check_threads = 0;
+  bool journal = false;
 };
 
 class ClusterNode {
@@ -96,8 +98,23 @@ class ClusterNode {
     o.namespace_budget_bytes = 256 << 20;
     o.cluster = cluster_.get();
     o.kv_events = kv_events;
-    core_ = std::make_unique<TierCore>(o);
+    if (prefetch.journal) o.state_dir = dir_ + "/state";
+    options_ = o;
+    core_ = std::make_unique<TierCore>(options_);
+    if (prefetch.journal) {
+      auto report = core_->Recover();
+      EXPECT_TRUE(report.ok()) << report.status();
+    }
     page_rows_ = page_rows;
+  }
+  // Stops the core and starts another on the same banks and journal, as a
+  // restarted kvtierd does (the cluster tier stays); Attach again after.
+  void Restart() {
+    segments_.clear();
+    core_.reset();
+    core_ = std::make_unique<TierCore>(options_);
+    auto report = core_->Recover();
+    EXPECT_TRUE(report.ok()) << report.status();
   }
   ~ClusterNode() {
     core_.reset();  // Before the cluster tier, as kvtierd does.
@@ -124,6 +141,7 @@ class ClusterNode {
     req.mutable_capacity()->set_page_rows(page_rows_);
     req.mutable_capacity()->set_snapshot_rows(
         layout.snapshot_row_bytes() > 0 ? page_rows_ : 0);
+    attach_.Clear();  // Attach appends to what it is given.
     ASSERT_TRUE(core_->Attach(req, &attach_).ok());
     rank_ = rank;
     segments_.clear();
@@ -270,6 +288,7 @@ class ClusterNode {
 
   std::string dir_;
   std::unique_ptr<ClusterTier> cluster_;
+  TierOptions options_;
   std::unique_ptr<TierCore> core_;
   uint64_t page_rows_ = 64;
   uint64_t session_ = 0;

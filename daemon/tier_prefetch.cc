@@ -7,16 +7,16 @@
 // them), up to prefetch_in_flight slices' GETs out at once, each slice on a
 // thread and connections of its own, and take the leading pages whose
 // every value arrived; (2) under the namespace's lock, pin the chain's end
-// (the page before the slice), allocate their rows (evicting as a Reserve
-// would) and journal them as reserved; (3) with no lock, check each value
-// (DecodeClusterValue) and copy the ones that pass into their rows: the
-// rows are allocated-uncommitted and this job's alone, invisible to lookups
-// and to every reservation; keep the leading pages whose every value
-// passed and give the other rows back; (4) under the lock, commit the kept
-// pages for every rank and journal the commit, then move the pin to the
-// slice's last page. A dropped namespace (its index cleared) or a
-// core shutting down ends the job at its next step; so does anything that
-// fails: what was committed stays, the rest is a miss.
+// (the page before the slice) and allocate their rows (evicting as a
+// Reserve would); (3) with no lock, check each value (DecodeClusterValue)
+// and copy the ones that pass into their rows: the rows are
+// allocated-uncommitted and this job's alone, invisible to lookups and to
+// every reservation; keep the leading pages whose every value passed and
+// give the other rows back; (4) under the lock, journal the kept pages'
+// rows as reserved, commit them for every rank and journal the commit,
+// then move the pin to the slice's last page. A dropped namespace (its
+// index cleared) or a core shutting down ends the job at its next step; so
+// does anything that fails: what was committed stays, the rest is a miss.
 //
 // Thread-safety: runs on a ClusterTier job thread; takes the namespace's
 // locks as tier_core.h orders them.
@@ -182,7 +182,7 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
         }
       }
     }
-    // (2) Pin the chain's end, allocate and journal. Rows are taken before
+    // (2) Pin the chain's end and allocate. Rows are taken before
     // the values are checked, so that each value is copied while its check
     // left it in cache; a page that then fails gives its rows back (what
     // the allocation evicted for it stays evicted: values that fail are
@@ -219,14 +219,6 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
         }
         page_rows[r] = std::move(rows->page_rows);
         snap_rows[r] = std::move(rows->snapshot_rows);
-        if (ns.journal != nullptr) {
-          failed = ns.Journal(
-              ns.journal->AppendReserve(r, page_rows[r], snap_rows[r]));
-          if (!failed.ok()) {
-            ++r;
-            break;
-          }
-        }
       }
       if (!failed.ok()) {
         for (uint32_t q = 0; q < r; ++q) {
@@ -343,11 +335,20 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
         for (size_t s = 0; s < snap_pages[r].size(); ++s) {
           placements.push_back({snap_rows[r][s], slice_keys[snap_pages[r][s]]});
         }
+        // Journaled as reserved only now, with exactly the rows the commit
+        // consumes: rows given back above never reach the journal, and
+        // only this job (never an engine) wrote any of them, so a crash
+        // before this point leaves nothing to fence.
+        absl::Status reserved =
+            failed ? absl::AbortedError("an earlier rank failed")
+            : ns.journal != nullptr ? ns.Journal(ns.journal->AppendReserve(
+                                          r, page_rows[r], snap_rows[r]))
+                                    : absl::OkStatus();
         auto result =
-            failed ? absl::StatusOr<PrefixIndex::CommitResult>(
-                         absl::AbortedError("an earlier rank failed"))
-                   : ns.index->Commit(r, has_parent ? &parent : nullptr,
-                                      slice_keys, page_rows[r], placements);
+            !reserved.ok()
+                ? absl::StatusOr<PrefixIndex::CommitResult>(reserved)
+                : ns.index->Commit(r, has_parent ? &parent : nullptr,
+                                   slice_keys, page_rows[r], placements);
         if (!result.ok()) {
           if (!failed) {
             SPDLOG_WARN("namespace '{}': prefetch commit: {}", ns.name,

@@ -41,11 +41,13 @@ namespace. The Redis servers run with MALLOC_CONF=--redis-malloc-conf
      the MAC checks, page faults... go to the JSON (`profiled_run`).
   3. redis-benchmark (redis-tools), run in B's namespace against the
      masters in --cluster mode: SET then GET of values of one page's value
-     size, with the parallelism of the daemon's fetch matched: one
-     connection per master (-c 3: redis-benchmark spreads its clients over
-     the masters) and a pipeline of ceil(slice_pages / 3) GETs (-P), as a
-     prefetch slice's GETs are grouped per master and pipelined on one
-     connection each; the GET run --rb-repeats times, the median kept. The
+     size, with the parallelism of the daemon's fetches matched: a
+     connection per master for each slice in flight
+     (--cluster_prefetch_in_flight of the first variant, default 4: -c 12;
+     redis-benchmark spreads its clients over the masters) and a pipeline
+     of ceil(slice_pages / 3) GETs (-P), as a slice's GETs are grouped per
+     master and pipelined on one connection each; the GET run --rb-repeats
+     times, the median kept. The
      ratio prefetch / redis-benchmark is of values per second, median to
      median (and best to median; the issue's target: >= 0.8).
   4. Single-core reference rates on this machine: HMAC-SHA256 and memcpy of
@@ -64,7 +66,7 @@ import json
 import math
 import os
 import platform
-import resource
+import re
 import shutil
 import socket
 import statistics
@@ -83,6 +85,8 @@ import cluster_values as cv  # noqa: E402
 from netns import Topology, netns_unavailable  # noqa: E402
 from netns_redis import (NetnsRedisCluster, find_tool, key_file,  # noqa: E402
                          netns_daemon)
+from host_cpu import (children_cpu, cpu_split, cpu_times,  # noqa: E402
+                      process_cpu, stat_fields, steal_percent, thread_cpu)
 from perf_shares import perf_record, perf_shares  # noqa: E402
 
 MASTERS = ["r0", "r1", "r2"]
@@ -169,31 +173,6 @@ def machine() -> dict:
             "redis": redis.split(" sha=")[0]}
 
 
-def cpu_times() -> list[int]:
-    """/proc/stat's "cpu" line: user nice system idle iowait irq softirq steal."""
-    with open("/proc/stat") as f:
-        return [int(x) for x in f.readline().split()[1:9]]
-
-
-def steal_percent(before: list[int], after: list[int]) -> float:
-    """The share of CPU time the hypervisor gave others (noise on a VM)."""
-    d = [a - b for a, b in zip(after, before)]
-    return round(100.0 * d[7] / max(1, sum(d)), 2)
-
-
-def cpu_split(before: list[int], after: list[int]) -> dict:
-    """CPU-seconds of the whole machine between two cpu_times(): busy (all
-    but idle and iowait), of it softirq (the network stack), and idle."""
-    d = [(a - b) / os.sysconf("SC_CLK_TCK") for a, b in zip(after, before)]
-    return {"busy": round(sum(d) - d[3] - d[4], 2), "softirq": round(d[6], 2),
-            "idle": round(d[3] + d[4], 2)}
-
-
-def children_cpu() -> float:
-    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return ru.ru_utime + ru.ru_stime
-
-
 def reference_rates(value_bytes: int) -> dict:
     """One core: HMAC-SHA256 and memcpy of values, GB/s, over 512 MiB of
     distinct values (as a prefetch sees them: not in any cache)."""
@@ -244,34 +223,6 @@ def metrics(topo, host: str) -> dict:
             k, _, v = line.rpartition(" ")
             out[k] = float(v)
     return out
-
-
-def thread_cpu(pid: int) -> dict:
-    """{"name/tid": CPU seconds} of every thread of process `pid`."""
-    tick = os.sysconf("SC_CLK_TCK")
-    out: dict[str, float] = {}
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        name = stat[stat.index("(") + 1:stat.rindex(")")]
-        fields = stat[stat.rindex(")") + 2:].split()
-        out[f"{name}/{tid}"] = (int(fields[11]) + int(fields[12])) / tick
-    return out
-
-
-def stat_fields(pid: int) -> list[str]:
-    """/proc/PID/stat past the command name (the process: exited threads
-    included)."""
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()
-
-
-def process_cpu(pid: int) -> float:
-    fields = stat_fields(pid)
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def redis_usage(redis) -> tuple[float, int]:
@@ -440,12 +391,24 @@ def layout(args) -> kvtier.Layout:
 
 # -- redis-benchmark -------------------------------------------------------------------
 
-def redis_benchmark(args, topo, redis, value_bytes: int, slice_pages: int) -> dict:
+def in_flight_of(flags) -> int:
+    """The daemon's slices in flight under `flags` (its default: 4, as
+    daemon/cluster_tier.h sets it)."""
+    for f in flags:
+        m = re.fullmatch(r"--cluster_prefetch_in_flight=(\d+)", f)
+        if m:
+            return int(m.group(1))
+    return 4
+
+
+def redis_benchmark(args, topo, redis, value_bytes: int, slice_pages: int,
+                    in_flight: int) -> dict:
     rb = find_tool("redis-benchmark")
     keys = args.rb_keys or max(16, min(256, (512 << 20) // value_bytes))
     pipeline = math.ceil(effective_slice(slice_pages, value_bytes) / len(MASTERS))
+    clients = len(MASTERS) * in_flight
     base = [rb, "-h", topo.addr(MASTERS[0]), "-p", "6379", "-a",
-            redis.admin_password, "--cluster", "-c", str(len(MASTERS)), "-P",
+            redis.admin_password, "--cluster", "-c", str(clients), "-P",
             str(pipeline), "-d", str(value_bytes), "-r", str(keys), "--csv"]
     # Every key of the keyspace written (8 SETs per key: all but ~0.03 %).
     n_set = 8 * keys * len(MASTERS)
@@ -470,14 +433,16 @@ def redis_benchmark(args, topo, redis, value_bytes: int, slice_pages: int) -> di
                     "redis_page_faults": f1 - f0})
     rps = statistics.median(runs)
     return {"command": " ".join(["redis-benchmark", "-h", topo.addr(MASTERS[0]),
-                                 "--cluster", "-c", "3", "-P", str(pipeline), "-d",
+                                 "--cluster", "-c", str(clients), "-P", str(pipeline), "-d",
                                  str(value_bytes), "-r", str(keys), "-t", "get",
                                  "-n", str(n_get)]),
-            "matched": (f"the daemon's fetch of a "
-                        f"{effective_slice(slice_pages, value_bytes)}-page slice: one "
-                        f"connection per master (-c {len(MASTERS)}, spread over "
-                        f"the masters in --cluster mode), {pipeline} pipelined "
-                        f"GETs each (-P), values of one page's value size (-d)"),
+            "matched": (f"the daemon's fetches of {in_flight} "
+                        f"{effective_slice(slice_pages, value_bytes)}-page slices "
+                        f"in flight: {in_flight} connection(s) per master (-c "
+                        f"{clients}, spread over the masters in --cluster mode), "
+                        f"{pipeline} pipelined GETs each (-P), values of one "
+                        f"page's value size (-d)"),
+            "clients": clients,
             "keys_per_master": keys, "keys_written_per_master": per_master,
             "set_rps": parse_rps(set_out, "SET"), "get_rps_runs": runs,
             "get_cpu_seconds_runs": cpu,
@@ -566,7 +531,8 @@ def main(argv=None) -> int:
                             and p["variant"] == args.variants[0][0]),
                            result["prefetch"][0])
             result["redis_benchmark"] = redis_benchmark(
-                args, topo, redis, value_bytes, default["slice_pages"])
+                args, topo, redis, value_bytes, default["slice_pages"],
+                in_flight_of(default["daemon_flags"]))
             result["reference"] = reference_rates(value_bytes)
             rb = result["redis_benchmark"]["get_rps"]
             result["ratio"] = {

@@ -207,6 +207,10 @@ ABSL_FLAG(bool, verify, true, "Cross-check the methods' bytes first");
 ABSL_FLAG(bool, huge_pages, false,
           "Back the host arena with 2 MiB huge pages (MAP_HUGETLB), as banks "
           "on hugetlbfs are; fails unless vm.nr_hugepages has room");
+ABSL_FLAG(uint32_t, row_run, 1,
+          "Host rows are drawn in runs of this many consecutive rows (1: each "
+          "row at random, as a fragmented bank hands them out); GPU pages "
+          "stay random");
 ABSL_FLAG(uint64_t, seed, 1, "Random seed");
 
 namespace kvtier::bench {
@@ -380,7 +384,8 @@ absl::Status Bench::Setup() {
   }
   for (Bound& b : bounds_) {
     gpu_pickers_.push_back(std::make_unique<Picker>(b.gpu_items, rng_()));
-    row_pickers_.push_back(std::make_unique<Picker>(b.host_rows, rng_()));
+    row_pickers_.push_back(std::make_unique<Picker>(
+        b.host_rows, rng_(), absl::GetFlag(FLAGS_row_run)));
   }
   return absl::OkStatus();
 }

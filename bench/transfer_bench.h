@@ -30,6 +30,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -61,6 +62,7 @@ ABSL_DECLARE_FLAG(std::string, loads);
 ABSL_DECLARE_FLAG(int32_t, gemm_rounds);
 ABSL_DECLARE_FLAG(int32_t, judged_rounds);
 ABSL_DECLARE_FLAG(bool, huge_pages);
+ABSL_DECLARE_FLAG(uint32_t, row_run);
 ABSL_DECLARE_FLAG(std::string, cublas_lib);
 ABSL_DECLARE_FLAG(bool, verify);
 
@@ -238,21 +240,38 @@ std::string OptionsKey(const client::TransferOptions& o);
 // Draws distinct values below n, a fresh random subset each call.
 class Picker {
  public:
-  Picker(uint64_t n, uint64_t seed) : perm_(n), rng_(seed) {
-    for (uint64_t i = 0; i < n; ++i) perm_[i] = static_cast<uint32_t>(i);
-  }
-  // REQUIRES: k <= n.
-  void Pick(size_t k, std::vector<uint32_t>* out) {
-    const size_t n = perm_.size();
-    for (size_t i = 0; i < k; ++i) {
-      const size_t j = i + static_cast<size_t>(rng_() % (n - i));
-      std::swap(perm_[i], perm_[j]);
+  // Items 0..n-1, drawn in runs of `run` consecutive items (aligned blocks
+  // of `run`, in random order; the last block of n may be short): run 1
+  // draws each item at random.
+  Picker(uint64_t n, uint64_t seed, uint32_t run = 1)
+      : n_(n),
+        run_(std::max<uint32_t>(run, 1)),
+        perm_((n + run_ - 1) / run_),
+        rng_(seed) {
+    for (uint64_t i = 0; i < perm_.size(); ++i) {
+      perm_[i] = static_cast<uint32_t>(i);
     }
-    out->assign(perm_.begin(), perm_.begin() + k);
+  }
+  // k distinct items. REQUIRES: k <= n - (run - 1) (a short last block can
+  // leave the draw short of items otherwise).
+  void Pick(size_t k, std::vector<uint32_t>* out) {
+    out->clear();
+    const size_t blocks = perm_.size();
+    for (size_t i = 0; i < blocks && out->size() < k; ++i) {
+      const size_t j = i + static_cast<size_t>(rng_() % (blocks - i));
+      std::swap(perm_[i], perm_[j]);
+      const uint64_t first = uint64_t{perm_[i]} * run_;
+      for (uint64_t x = first; x < first + run_ && x < n_ && out->size() < k;
+           ++x) {
+        out->push_back(static_cast<uint32_t>(x));
+      }
+    }
   }
 
  private:
-  std::vector<uint32_t> perm_;
+  uint64_t n_;
+  uint32_t run_;
+  std::vector<uint32_t> perm_;  // block indices
   std::mt19937_64 rng_;
 };
 

@@ -51,7 +51,7 @@ class Background {
              cudaStream_t stream)
       : b_(b),
         gpu_pick_(b.gpu_items, seed),
-        row_pick_(b.host_rows, seed + 1),
+        row_pick_(b.host_rows, seed + 1, absl::GetFlag(FLAGS_row_run)),
         items_(items),
         stream_(stream) {
     t_.b = &b;

@@ -106,7 +106,7 @@ std::string Bench::Json() const {
       "\"default_staging_ctas\": %d, \"staging_bytes\": %d, "
       "\"first_slice_bytes\": %d, \"edge_slice_ctas\": %d, "
       "\"kvtier_variants\": %s, "
-      "\"snapshots\": %d, \"slice_pages\": %d, "
+      "\"snapshots\": %d, \"slice_pages\": %d, \"row_run\": %d, "
       "\"gbps\": \"1e9 bytes/s of payload\", \"host_memory\": "
       "\"MAP_SHARED|MAP_ANONYMOUS%s, populated, cudaHostRegister "
       "Mapped|Portable\"},\n",
@@ -118,7 +118,7 @@ std::string Bench::Json() const {
       client::kDefaultStagingBytes, client::kAutoFirstSliceBytes,
       client::kDefaultEdgeSliceCtas,
       JsonString(absl::GetFlag(FLAGS_kvtier_variants)), snapshots_,
-      client::kMaxSlicePages,
+      client::kMaxSlicePages, absl::GetFlag(FLAGS_row_run),
       absl::GetFlag(FLAGS_huge_pages) ? "|MAP_HUGETLB (2 MiB pages)" : "");
   std::vector<std::string> layouts;
   for (const Bound& b : bounds_) {

@@ -57,6 +57,15 @@ class TierClusterTest : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : "";
   }
+  // Flips one byte of the value under `key` (inside its rows) in Redis;
+  // the value before goes to `original` when not null.
+  static void Corrupt(const std::string& key, std::string* original) {
+    std::string value = Fetch(key);
+    ASSERT_GT(value.size(), 200u);
+    if (original != nullptr) *original = value;
+    value[150] ^= 1;
+    Plant(key, value);
+  }
 
   static RedisClusterFixture* redis_;
   static std::string* start_error_;
@@ -136,11 +145,8 @@ TEST_F(TierClusterTest, ACorruptValueIsAMissAndEndsThePrefetchThere) {
   a.WritePages(3, "", hashes, 0);
   a.WaitSpilled(10);
   // Flip one byte of page 6's rows in Redis.
-  const std::string key = ClusterKeyOf("corrupt", layout, hashes, 6);
-  std::string value = Fetch(key);
-  ASSERT_GT(value.size(), 200u);
-  value[150] ^= 1;
-  Plant(key, value);
+  ASSERT_NO_FATAL_FAILURE(
+      Corrupt(ClusterKeyOf("corrupt", layout, hashes, 6), nullptr));
   ASSERT_TRUE(b.Prefetch(hashes).ok());
   EXPECT_EQ(b.WaitPrefetched(hashes), 6u);  // Pages 0-5, never 6.
   b.ExpectPages(3, hashes, 6);
@@ -178,10 +184,8 @@ TEST_F(TierClusterTest, SlicesInFlightChangeNothingButTheOverlap) {
   // Page 9 corrupt: pages 0-8 arrive, never 9 or any after it, although
   // slices past it were already fetched.
   const std::string key = ClusterKeyOf("inflight", layout, hashes, 9);
-  std::string value = Fetch(key);
-  ASSERT_GT(value.size(), 200u);
-  value[150] ^= 1;
-  Plant(key, value);
+  std::string good9;
+  ASSERT_NO_FATAL_FAILURE(Corrupt(key, &good9));
   {
     ClusterNode b(*redis_, true, TestClusterKey(), 64, nullptr,
                   PrefetchTweaks{2, 4, 3});
@@ -198,12 +202,9 @@ TEST_F(TierClusterTest, SlicesInFlightChangeNothingButTheOverlap) {
   // Page 9 mended, the last page (the one with the snapshot) corrupt: its
   // page and snapshot rows, taken before the check, go back; every row is
   // accounted for (CheckInvariants) and a second prefetch finds the same.
-  const std::string key19 = ClusterKeyOf("inflight", layout, hashes, 19);
-  std::string value19 = Fetch(key19);
-  value[150] ^= 1;
-  Plant(key, value);
-  value19[150] ^= 1;
-  Plant(key19, value19);
+  Plant(key, good9);
+  ASSERT_NO_FATAL_FAILURE(
+      Corrupt(ClusterKeyOf("inflight", layout, hashes, 19), nullptr));
   ClusterNode b(*redis_, true, TestClusterKey(), 64, nullptr,
                 PrefetchTweaks{2, 4, 3});
   b.Attach("inflight", layout);
@@ -230,10 +231,8 @@ TEST_F(TierClusterTest, APrefetchSurvivesARestartAndLeavesNoRowFenced) {
   a.WritePages(4, "", hashes, 0, /*snapshot_last=*/true);
   a.WaitSpilled(20);
   const std::string key = ClusterKeyOf("journaled", layout, hashes, 13);
-  const std::string good = Fetch(key);
-  std::string bad = good;
-  bad[150] ^= 1;
-  Plant(key, bad);
+  std::string good;
+  ASSERT_NO_FATAL_FAILURE(Corrupt(key, &good));
   PrefetchTweaks t{4, 4, 3};
   t.journal = true;
   ClusterNode b(*redis_, true, TestClusterKey(), 64, nullptr, t);

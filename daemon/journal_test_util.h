@@ -94,28 +94,35 @@ class Journaled {
   };
   absl::StatusOr<Rows> Reserve(uint32_t rank, uint32_t pages,
                                uint32_t snapshots = 0) {
-    Rows rows;
-    if (pages > 0) {
-      auto p = index_->AllocatePageRows(rank, pages);
-      if (!p.ok()) return p.status();
-      rows.pages = *p;
+    auto rows = Allocate(rank, pages, snapshots);
+    if (!rows.ok()) return rows.status();
+    if (absl::Status s = Journal(rank, *rows); !s.ok()) return s;
+    return rows;
+  }
+
+  // Reserve as the index would (evicting what it would), then trades the
+  // rows it chose for `want`, which must be free once those are given back:
+  // for a scenario that has to journal the rows an earlier allocator chose
+  // (journal_fixture_test), whatever today's placement policy.
+  absl::StatusOr<Rows> ReserveAs(uint32_t rank, const Rows& want) {
+    auto chosen = Allocate(rank, want.pages.size(), want.snapshots.size());
+    if (!chosen.ok()) return chosen.status();
+    if (absl::Status s = index_->FreePageRows(rank, chosen->pages); !s.ok()) {
+      return s;
     }
-    if (snapshots > 0) {
-      auto s = index_->AllocateSnapshotRows(rank, snapshots);
-      if (!s.ok()) {
-        EXPECT_TRUE(index_->FreePageRows(rank, rows.pages).ok());
-        return s.status();
-      }
-      rows.snapshots = *s;
-    }
-    if (absl::Status s =
-            journal_->AppendReserve(rank, rows.pages, rows.snapshots);
+    if (absl::Status s = index_->FreeSnapshotRows(rank, chosen->snapshots);
         !s.ok()) {
       return s;
     }
-    for (uint32_t row : rows.pages) page_bytes_[{rank, row}] = kOverwritten;
-    for (uint32_t row : rows.snapshots) snap_bytes_[{rank, row}] = kOverwritten;
-    return rows;
+    if (absl::Status s = index_->ClaimPageRows(rank, want.pages); !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = index_->ClaimSnapshotRows(rank, want.snapshots);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = Journal(rank, want); !s.ok()) return s;
+    return want;
   }
 
   absl::Status Commit(uint32_t rank, const HashKey* parent,
@@ -205,6 +212,38 @@ class Journaled {
   NamespaceJournal& journal() { return *journal_; }
 
  private:
+  // The index's rows for a reservation, not yet journaled.
+  absl::StatusOr<Rows> Allocate(uint32_t rank, size_t pages,
+                                size_t snapshots) {
+    Rows rows;
+    if (pages > 0) {
+      auto p = index_->AllocatePageRows(rank, pages);
+      if (!p.ok()) return p.status();
+      rows.pages = *p;
+    }
+    if (snapshots > 0) {
+      auto s = index_->AllocateSnapshotRows(rank, snapshots);
+      if (!s.ok()) {
+        EXPECT_TRUE(index_->FreePageRows(rank, rows.pages).ok());
+        return s.status();
+      }
+      rows.snapshots = *s;
+    }
+    return rows;
+  }
+
+  // Journals the reservation of `rows` and marks them overwritten.
+  absl::Status Journal(uint32_t rank, const Rows& rows) {
+    if (absl::Status s =
+            journal_->AppendReserve(rank, rows.pages, rows.snapshots);
+        !s.ok()) {
+      return s;
+    }
+    for (uint32_t row : rows.pages) page_bytes_[{rank, row}] = kOverwritten;
+    for (uint32_t row : rows.snapshots) snap_bytes_[{rank, row}] = kOverwritten;
+    return absl::OkStatus();
+  }
+
   static constexpr const char* kOverwritten = "overwritten";
   static std::string Name(const HashKey& k) {
     return std::string(reinterpret_cast<const char*>(k.bytes.data()), 32);

@@ -1,9 +1,10 @@
-// RowPool (daemon/row_pool.h): row states, free stacks and their checks.
+// RowPool (daemon/row_pool.h): row states, free runs and their checks.
 //
 // Thread-safety: as the header says; nothing here is shared between pools.
 #include "daemon/row_pool.h"
 
 #include <algorithm>
+#include <iterator>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -28,24 +29,81 @@ void RowPool::Reset(uint32_t ranks, uint64_t rows_per_rank) {
   rows_per_rank_ = rows_per_rank;
   state_.assign(rows_per_rank * ranks, kFree);
   state_.shrink_to_fit();
-  free_.assign(ranks, {});
-  for (auto& stack : free_) {
-    stack.resize(rows_per_rank);
-    // Row 0 on top: allocation starts at the low rows.
-    for (uint64_t i = 0; i < rows_per_rank; ++i) {
-      stack[i] = static_cast<uint32_t>(rows_per_rank - 1 - i);
+  free_.clear();
+  free_.reserve(ranks);
+  for (uint32_t r = 0; r < ranks; ++r) {
+    free_.emplace_back(tree_bytes_.get());
+    if (rows_per_rank > 0) {
+      InsertRun(free_.back(), 0, static_cast<uint32_t>(rows_per_rank));
     }
   }
   allocated_.assign(ranks, 0);
   committed_.assign(ranks, 0);
 }
 
+void RowPool::InsertRun(FreeRuns& f, uint32_t start, uint32_t length) {
+  f.by_start.emplace(start, length);
+  f.by_length.emplace(length, start);
+  f.rows += length;
+}
+
+void RowPool::EraseRun(FreeRuns& f, RunsByStart::iterator it) {
+  f.by_length.erase(Run{it->second, it->first});
+  f.rows -= it->second;
+  f.by_start.erase(it);
+}
+
+void RowPool::AddFree(uint32_t rank, uint32_t row) {
+  FreeRuns& f = free_[rank];
+  const uint8_t* state = state_.data() + rank * rows_per_rank_;
+  uint32_t start = row;
+  uint32_t length = 1;
+  // The states say whether a neighbour is free; only then look its run up.
+  if (row + 1 < rows_per_rank_ && state[row + 1] == kFree) {
+    auto next = f.by_start.find(row + 1);
+    length += next->second;
+    EraseRun(f, next);
+  }
+  if (row > 0 && state[row - 1] == kFree) {
+    auto prev = std::prev(f.by_start.upper_bound(row - 1));
+    start = prev->first;
+    length += prev->second;
+    EraseRun(f, prev);
+  }
+  InsertRun(f, start, length);
+  state_[Slot(rank, row)] = kFree;
+}
+
+void RowPool::RemoveFree(uint32_t rank, uint32_t row) {
+  FreeRuns& f = free_[rank];
+  auto it = std::prev(f.by_start.upper_bound(row));
+  const uint32_t start = it->first;
+  const uint32_t end = it->first + it->second;
+  EraseRun(f, it);
+  if (row > start) InsertRun(f, start, row - start);
+  if (row + 1 < end) InsertRun(f, row + 1, end - row - 1);
+}
+
 std::vector<uint32_t> RowPool::Take(uint32_t rank, uint32_t n) {
-  std::vector<uint32_t>& stack = free_[rank];
-  std::vector<uint32_t> out(stack.end() - n, stack.end());
-  std::reverse(out.begin(), out.end());
-  stack.resize(stack.size() - n);
-  for (uint32_t row : out) state_[Slot(rank, row)] = kAllocated;
+  FreeRuns& f = free_[rank];
+  std::vector<uint32_t> out;
+  out.reserve(n);
+  while (out.size() < n) {
+    const uint32_t want = n - static_cast<uint32_t>(out.size());
+    // The smallest run that holds the rest, lowest first; else the longest.
+    auto fit = f.by_length.lower_bound(Run{want, 0});
+    if (fit == f.by_length.end()) {
+      fit = f.by_length.lower_bound(Run{std::prev(fit)->first, 0});
+    }
+    const auto [length, start] = *fit;
+    const uint32_t take = std::min(length, want);
+    EraseRun(f, f.by_start.find(start));
+    if (take < length) InsertRun(f, start + take, length - take);
+    for (uint32_t row = start; row < start + take; ++row) {
+      state_[Slot(rank, row)] = kAllocated;
+      out.push_back(row);
+    }
+  }
   allocated_[rank] += n;
   return out;
 }
@@ -65,7 +123,8 @@ absl::Status RowPool::Free(uint32_t rank, absl::Span<const uint32_t> rows,
           StateName(state[rows[i]]), ", not allocated-uncommitted"));
     }
   }
-  // Marks as we go; a row already marked is listed twice.
+  // Marks as we go; a row already marked is listed twice. The marks are
+  // undone either way: AddFree reads the neighbours' states.
   for (size_t i = 0; i < rows.size(); ++i) {
     if (state[rows[i]] == kFree) {
       for (size_t j = 0; j < i; ++j) state[rows[j]] = kAllocated;
@@ -74,7 +133,8 @@ absl::Status RowPool::Free(uint32_t rank, absl::Span<const uint32_t> rows,
     }
     state[rows[i]] = kFree;
   }
-  free_[rank].insert(free_[rank].end(), rows.begin(), rows.end());
+  for (uint32_t row : rows) state[row] = kAllocated;
+  for (uint32_t row : rows) AddFree(rank, row);
   allocated_[rank] -= rows.size();
   return absl::OkStatus();
 }
@@ -103,12 +163,7 @@ absl::Status RowPool::Claim(uint32_t rank, absl::Span<const uint32_t> rows,
     }
     state[rows[i]] = kAllocated;
   }
-  // One pass over the free stack drops every claimed row, keeping the order.
-  std::vector<uint32_t>& stack = free_[rank];
-  stack.erase(
-      std::remove_if(stack.begin(), stack.end(),
-                     [state](uint32_t row) { return state[row] != kFree; }),
-      stack.end());
+  for (uint32_t row : rows) RemoveFree(rank, row);
   allocated_[rank] += rows.size();
   return absl::OkStatus();
 }
@@ -131,16 +186,37 @@ absl::Status RowPool::Check(absl::Span<const uint32_t> holder,
     return absl::InternalError(absl::StrCat(parts...));
   };
   const uint32_t ranks = static_cast<uint32_t>(free_.size());
-  std::vector<bool> on_stack(rows_per_rank_);
   for (uint32_t r = 0; r < ranks; ++r) {
-    std::fill(on_stack.begin(), on_stack.end(), false);
-    for (uint32_t row : free_[r]) {
-      if (row >= rows_per_rank_ || on_stack[row] ||
-          state_[Slot(r, row)] != kFree) {
-        return fail(bank, " free list of rank ", r, ": row ", row,
-                    " is out of range, repeated or not free");
+    const FreeRuns& f = free_[r];
+    uint64_t run_rows = 0;
+    uint64_t prev_end = 0;
+    bool first = true;
+    for (const auto& [start, length] : f.by_start) {
+      const uint64_t end = uint64_t{start} + length;
+      if (length == 0 || end > rows_per_rank_ || (!first && start <= prev_end)) {
+        return fail(bank, " free runs of rank ", r, ": run of ", length,
+                    " rows at row ", start,
+                    " is empty, out of range, or overlaps or touches the "
+                    "run before it");
       }
-      on_stack[row] = true;
+      for (uint64_t row = start; row < end; ++row) {
+        if (state_[Slot(r, static_cast<uint32_t>(row))] != kFree) {
+          return fail(bank, " free runs of rank ", r, ": row ", row, " is ",
+                      StateName(state_[Slot(r, static_cast<uint32_t>(row))]));
+        }
+      }
+      if (!f.by_length.contains(Run{length, start})) {
+        return fail(bank, " free runs of rank ", r, ": run of ", length,
+                    " rows at row ", start, " is missing from the length index");
+      }
+      run_rows += length;
+      prev_end = end;
+      first = false;
+    }
+    if (f.by_length.size() != f.by_start.size() || run_rows != f.rows) {
+      return fail(bank, " free runs of rank ", r, ": ", f.by_start.size(),
+                  " runs of ", run_rows, " rows, ", f.by_length.size(),
+                  " indexed by length, ", f.rows, " recorded");
     }
     uint64_t count[3] = {0, 0, 0};
     for (uint64_t row = 0; row < rows_per_rank_; ++row) {
@@ -156,22 +232,20 @@ absl::Status RowPool::Check(absl::Span<const uint32_t> holder,
             holder[k] == kNoNode ? "held by no node" : "held by a node");
       }
     }
-    if (count[0] != free_[r].size() || count[1] != allocated_[r] ||
+    if (count[0] != free_[r].rows || count[1] != allocated_[r] ||
         count[2] != committed_[r]) {
       return fail(bank, " rows of rank ", r, ": ", count[0], "/", count[1], "/",
                   count[2], " free/allocated/committed, recorded ",
-                  free_[r].size(), "/", allocated_[r], "/", committed_[r]);
+                  free_[r].rows, "/", allocated_[r], "/", committed_[r]);
     }
   }
   return absl::OkStatus();
 }
 
 size_t RowPool::MemoryBytes() const {
-  size_t bytes = state_.capacity();
-  for (const auto& stack : free_) bytes += stack.capacity() * sizeof(uint32_t);
-  bytes += free_.capacity() * sizeof(free_[0]) +
-           (allocated_.capacity() + committed_.capacity()) * sizeof(uint64_t);
-  return bytes;
+  return state_.capacity() + *tree_bytes_ +
+         free_.capacity() * sizeof(FreeRuns) +
+         (allocated_.capacity() + committed_.capacity()) * sizeof(uint64_t);
 }
 
 }  // namespace kvtier::daemon

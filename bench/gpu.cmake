@@ -26,7 +26,8 @@ if(KVTIER_HAVE_CUDA)
     ${CMAKE_CURRENT_LIST_DIR}/transfer_bench_json.cc
     ${CMAKE_CURRENT_LIST_DIR}/transfer_bench_layouts.cc
     ${CMAKE_CURRENT_LIST_DIR}/transfer_bench_measure.cc
-    ${CMAKE_CURRENT_LIST_DIR}/transfer_bench_transfers.cc)
+    ${CMAKE_CURRENT_LIST_DIR}/transfer_bench_transfers.cc
+    ${CMAKE_CURRENT_LIST_DIR}/picker.cc)
   kvtier_target_options(transfer_bench)
   # kvtier_transfer brings kvtier_kernels (KVTIER_HAVE_CUDA=1, the static
   # CUDA runtime and its headers).

@@ -131,6 +131,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -211,9 +212,50 @@ ABSL_FLAG(uint32_t, row_run, 1,
           "Host rows are drawn in runs of this many consecutive rows (1: each "
           "row at random, as a fragmented bank hands them out); GPU pages "
           "stay random");
+ABSL_FLAG(std::string, row_run_lengths, "",
+          "Host rows are drawn in runs whose lengths follow this file's "
+          "\"length count\" lines (python/bench/row_runs.py --lengths-out: "
+          "the runs kvtierd's allocator handed out under churn); excludes "
+          "--row_run above 1");
 ABSL_FLAG(uint64_t, seed, 1, "Random seed");
 
 namespace kvtier::bench {
+
+namespace {
+// --row_run_lengths's runs, loaded once by LoadHostRowRuns (main thread,
+// before any Picker is made).
+std::optional<RunLengths>& HostRowRuns() {
+  static std::optional<RunLengths> runs;
+  return runs;
+}
+}  // namespace
+
+absl::Status LoadHostRowRuns() {
+  const std::string path = absl::GetFlag(FLAGS_row_run_lengths);
+  if (path.empty()) return absl::OkStatus();
+  if (absl::GetFlag(FLAGS_row_run) > 1) {
+    return absl::InvalidArgumentError(
+        "--row_run and --row_run_lengths both say how host rows are drawn: "
+        "give one");
+  }
+  absl::StatusOr<RunLengths> runs = LoadRunLengths(path);
+  if (!runs.ok()) {
+    return absl::Status(runs.status().code(),
+                        absl::StrCat("--row_run_lengths: ",
+                                     runs.status().message()));
+  }
+  HostRowRuns() = *std::move(runs);
+  return absl::OkStatus();
+}
+
+std::unique_ptr<Picker> HostRowPicker(uint64_t rows, uint64_t seed) {
+  if (HostRowRuns().has_value()) {
+    return std::make_unique<Picker>(rows, seed, *HostRowRuns());
+  }
+  return std::make_unique<Picker>(rows, seed, absl::GetFlag(FLAGS_row_run));
+}
+
+double HostRowMeanRun() { return HostRowPicker(1, 0)->mean_run(); }
 
 void Bench::Fail(const absl::Status& st, absl::string_view where) {
   errors_.push_back(absl::StrCat(std::string(where), ": ", st.ToString()));
@@ -294,6 +336,7 @@ absl::Status Bench::Setup() {
   std::sort(staging_ctas_.begin(), staging_ctas_.end());
   for (uint32_t& c : staging_ctas_) c = std::min(c, kernels::kMaxCtasLimit);
   rng_.seed(absl::GetFlag(FLAGS_seed));
+  if (absl::Status s = LoadHostRowRuns(); !s.ok()) return s;
   date_ =
       absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
 
@@ -384,8 +427,7 @@ absl::Status Bench::Setup() {
   }
   for (Bound& b : bounds_) {
     gpu_pickers_.push_back(std::make_unique<Picker>(b.gpu_items, rng_()));
-    row_pickers_.push_back(std::make_unique<Picker>(
-        b.host_rows, rng_(), absl::GetFlag(FLAGS_row_run)));
+    row_pickers_.push_back(HostRowPicker(b.host_rows, rng_()));
   }
   return absl::OkStatus();
 }

@@ -48,6 +48,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
+#include "bench/picker.h"
 #include "client/pool.h"
 #include "client/transfer_engine.h"
 #include "client/transfer_plan.h"
@@ -63,6 +64,7 @@ ABSL_DECLARE_FLAG(int32_t, gemm_rounds);
 ABSL_DECLARE_FLAG(int32_t, judged_rounds);
 ABSL_DECLARE_FLAG(bool, huge_pages);
 ABSL_DECLARE_FLAG(uint32_t, row_run);
+ABSL_DECLARE_FLAG(std::string, row_run_lengths);
 ABSL_DECLARE_FLAG(std::string, cublas_lib);
 ABSL_DECLARE_FLAG(bool, verify);
 
@@ -237,43 +239,6 @@ absl::StatusOr<std::vector<Config>> ParseVariants(const std::string& flag);
 // the same options).
 std::string OptionsKey(const client::TransferOptions& o);
 
-// Draws distinct values below n, a fresh random subset each call.
-class Picker {
- public:
-  // Items 0..n-1, drawn in runs of `run` consecutive items (aligned blocks
-  // of `run`, in random order; the last block of n may be short): run 1
-  // draws each item at random.
-  Picker(uint64_t n, uint64_t seed, uint32_t run = 1)
-      : n_(n),
-        run_(std::max<uint32_t>(run, 1)),
-        perm_((n + run_ - 1) / run_),
-        rng_(seed) {
-    for (uint64_t i = 0; i < perm_.size(); ++i) {
-      perm_[i] = static_cast<uint32_t>(i);
-    }
-  }
-  // k distinct items. REQUIRES: k <= n - (run - 1) (a short last block can
-  // leave the draw short of items otherwise).
-  void Pick(size_t k, std::vector<uint32_t>* out) {
-    out->clear();
-    const size_t blocks = perm_.size();
-    for (size_t i = 0; i < blocks && out->size() < k; ++i) {
-      const size_t j = i + static_cast<size_t>(rng_() % (blocks - i));
-      std::swap(perm_[i], perm_[j]);
-      const uint64_t first = uint64_t{perm_[i]} * run_;
-      for (uint64_t x = first; x < first + run_ && x < n_ && out->size() < k;
-           ++x) {
-        out->push_back(static_cast<uint32_t>(x));
-      }
-    }
-  }
-
- private:
-  uint64_t n_;
-  uint32_t run_;
-  std::vector<uint32_t> perm_;  // block indices
-  std::mt19937_64 rng_;
-};
 
 // One cudaMemcpy2DAsync (memcpy_2d): `height` lines of `width` bytes.
 struct Copy2D {
@@ -289,6 +254,14 @@ struct Items {
   std::vector<uint32_t> gpu;   // GPU pages (snapshot slots)
   std::vector<uint32_t> rows;  // host rows
 };
+
+// The host-row Picker --row_run / --row_run_lengths ask for, over `rows`
+// rows. REQUIRES: LoadHostRowRuns succeeded (Bench::Setup calls it).
+std::unique_ptr<Picker> HostRowPicker(uint64_t rows, uint64_t seed);
+// Checks --row_run against --row_run_lengths and loads the latter's file.
+absl::Status LoadHostRowRuns();
+// The mean run of the host rows drawn (1 for random rows), for the JSON.
+double HostRowMeanRun();
 
 // Picks `sets` disjoint item sets of n items each.
 void PickItems(Picker& gpu, Picker& rows, size_t n, std::vector<Items>* sets);

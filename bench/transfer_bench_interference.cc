@@ -51,7 +51,7 @@ class Background {
              cudaStream_t stream)
       : b_(b),
         gpu_pick_(b.gpu_items, seed),
-        row_pick_(b.host_rows, seed + 1, absl::GetFlag(FLAGS_row_run)),
+        row_pick_(HostRowPicker(b.host_rows, seed + 1)),
         items_(items),
         stream_(stream) {
     t_.b = &b;
@@ -90,7 +90,7 @@ class Background {
     for (; !stop_.load(); ++i) {
       if (i >= 2) cudaEventSynchronize(done[i % 2]);
       std::vector<Items> sets(1);
-      PickItems(gpu_pick_, row_pick_, items_, &sets);
+      PickItems(gpu_pick_, *row_pick_, items_, &sets);
       t_.items = std::move(sets[0]);
       BuildChunks(&t_);
       absl::Status st = Enqueue(t_, stream_);
@@ -115,7 +115,8 @@ class Background {
 
   const Bound& b_;
   Transfer t_;
-  Picker gpu_pick_, row_pick_;
+  Picker gpu_pick_;
+  std::unique_ptr<Picker> row_pick_;
   const size_t items_;
   const cudaStream_t stream_;
   std::thread thread_;

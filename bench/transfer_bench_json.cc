@@ -107,6 +107,7 @@ std::string Bench::Json() const {
       "\"first_slice_bytes\": %d, \"edge_slice_ctas\": %d, "
       "\"kvtier_variants\": %s, "
       "\"snapshots\": %d, \"slice_pages\": %d, \"row_run\": %d, "
+      "\"row_run_lengths\": %s, \"mean_row_run\": %.2f, "
       "\"gbps\": \"1e9 bytes/s of payload\", \"host_memory\": "
       "\"MAP_SHARED|MAP_ANONYMOUS%s, populated, cudaHostRegister "
       "Mapped|Portable\"},\n",
@@ -119,6 +120,7 @@ std::string Bench::Json() const {
       client::kDefaultEdgeSliceCtas,
       JsonString(absl::GetFlag(FLAGS_kvtier_variants)), snapshots_,
       client::kMaxSlicePages, absl::GetFlag(FLAGS_row_run),
+      JsonString(absl::GetFlag(FLAGS_row_run_lengths)), HostRowMeanRun(),
       absl::GetFlag(FLAGS_huge_pages) ? "|MAP_HUGETLB (2 MiB pages)" : "");
   std::vector<std::string> layouts;
   for (const Bound& b : bounds_) {

@@ -18,12 +18,14 @@ daemon does. After --warm reservations, each reservation's rows (in the
 order the daemon returned them, which is the order the engine's pages are
 copied in) are cut into runs of consecutive ascending rows; the JSON gives
 the share of pages in runs of at least 2, 8, 64 rows, and the page-weighted
-median run.
+median run. --lengths-out writes the run lengths seen as "length count"
+lines, which transfer_bench --row_run_lengths draws host rows by.
 
 Thread-safety: a single-threaded script.
 """
 
 import argparse
+import collections
 import json
 import os
 import random
@@ -51,6 +53,9 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--kvtierd", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--lengths-out", default=None,
+                    help='write the run lengths as "length count" lines '
+                         "(for transfer_bench --row_run_lengths)")
     return ap.parse_args(argv)
 
 
@@ -122,13 +127,17 @@ def main(argv=None) -> int:
         "page_weighted_median_run": statistics.median(weighted) if weighted else 0,
         "share_of_pages_in_runs": {
             f">={k}": round(sum(r for r in runs if r >= k) / max(1, pages), 3)
-            for k in (2, 8, 64)},
+            for k in (2, 4, 8, 16, 64)},
     }
     text = json.dumps(result, indent=1)
     print(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text + "\n")
+    if args.lengths_out:
+        with open(args.lengths_out, "w") as f:
+            for length, count in sorted(collections.Counter(runs).items()):
+                f.write(f"{length} {count}\n")
     return 0
 
 

@@ -150,6 +150,19 @@ def gemm_runs(data):
     return g.get("runs", []) if isinstance(g, dict) else []
 
 
+def host_rows_phrase(cfg):
+    """How the run drew its host rows (transfer_bench --row_run,
+    --row_run_lengths)."""
+    if cfg.get("row_run_lengths"):
+        return (f"host rows in runs of consecutive rows whose lengths follow "
+                f"`{cfg['row_run_lengths']}` (the runs kvtierd's allocator "
+                f"handed out under churn, `python/bench/row_runs.py`; mean run "
+                f"{cfg.get('mean_row_run', 0):g})")
+    if cfg.get("row_run", 1) > 1:
+        return f"host rows in aligned runs of {cfg['row_run']}"
+    return "random host rows"
+
+
 def transfer_section(data):
     cfg = data.get("config", {})
     layouts = {l["key"]: l for l in data.get("layouts", [])}
@@ -160,8 +173,8 @@ def transfer_section(data):
     extra = ""
     if cfg:
         extra = (f" {'Quick run (`--quick`)' if cfg.get('quick') else 'Full run'}: "
-                 f"GPU pool {cfg.get('pool_gib', 0):g} GiB, random pages and "
-                 f"rows; up to {cfg.get('repeats')} repeats per configuration, "
+                 f"GPU pool {cfg.get('pool_gib', 0):g} GiB, random GPU pages, "
+                 f"{host_rows_phrase(cfg)}; up to {cfg.get('repeats')} repeats per configuration, "
                  f"stopping after {cfg.get('max_config_seconds')} s once it has "
                  f"{cfg.get('min_repeats')} (the tables give the count).")
     out.append(machine_line(data.get("machine"), data.get("date"), extra))

@@ -43,8 +43,9 @@ absl::StatusOr<RunLengths> LoadRunLengths(const std::string& path) {
   }
   if (runs == 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(path, ": no runs (row_runs.py --lengths-out writes "
-                           "\"length count\" lines)"));
+        absl::StrCat(path,
+                     ": no runs (row_runs.py --lengths-out writes "
+                     "\"length count\" lines)"));
   }
   return out;
 }
@@ -60,26 +61,31 @@ Picker::Picker(uint64_t n, uint64_t seed, uint32_t run)
   }
 }
 
-Picker::Picker(uint64_t n, uint64_t seed, const RunLengths& lengths)
-    : n_(n), run_(0), rng_(seed) {
-  std::vector<double> weights;
+double MeanRun(const RunLengths& lengths) {
   double runs = 0, rows = 0;
   for (const auto& [length, count] : lengths) {
-    length_values_.push_back(length);
-    weights.push_back(static_cast<double>(count));
     runs += static_cast<double>(count);
     rows += static_cast<double>(count) * length;
   }
-  length_dist_ = std::discrete_distribution<size_t>(weights.begin(),
-                                                    weights.end());
-  mean_run_ = rows / runs;
+  return rows / runs;
+}
+
+Picker::Picker(uint64_t n, uint64_t seed, const RunLengths& lengths)
+    : n_(n), run_(0), mean_run_(MeanRun(lengths)), rng_(seed) {
+  std::vector<double> weights;
+  for (const auto& [length, count] : lengths) {
+    length_values_.push_back(length);
+    weights.push_back(static_cast<double>(count));
+  }
+  length_dist_ =
+      std::discrete_distribution<size_t>(weights.begin(), weights.end());
 }
 
 void Picker::Cut() {
   runs_.clear();
   for (uint64_t at = 0; at < n_;) {
-    const uint64_t length = std::min<uint64_t>(
-        length_values_[length_dist_(rng_)], n_ - at);
+    const uint64_t length =
+        std::min<uint64_t>(length_values_[length_dist_(rng_)], n_ - at);
     runs_.emplace_back(static_cast<uint32_t>(at),
                        static_cast<uint32_t>(length));
     at += length;

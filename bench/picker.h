@@ -27,6 +27,9 @@ using RunLengths = std::vector<std::pair<uint32_t, uint64_t>>;
 // NOT_FOUND / the errno's code when the file cannot be read.
 absl::StatusOr<RunLengths> LoadRunLengths(const std::string& path);
 
+// The run-weighted mean length of `lengths`. REQUIRES: some count is not 0.
+double MeanRun(const RunLengths& lengths);
+
 // Draws distinct values below n, a fresh random subset each call.
 class Picker {
  public:

@@ -33,8 +33,7 @@ std::vector<uint32_t> RunsOf(const std::vector<uint32_t>& v) {
   return out;
 }
 
-void ExpectDistinctBelow(const std::vector<uint32_t>& v, size_t k,
-                         uint64_t n) {
+void ExpectDistinctBelow(const std::vector<uint32_t>& v, size_t k, uint64_t n) {
   ASSERT_EQ(v.size(), k);
   EXPECT_EQ(std::set<uint32_t>(v.begin(), v.end()).size(), k);
   EXPECT_LT(*std::max_element(v.begin(), v.end()), n);
@@ -90,8 +89,8 @@ TEST(PickerTest, RunLengthsCanTakeEveryItem) {
 }
 
 std::string WriteFile(const std::string& text) {
-  std::string path = ::testing::TempDir() + "/picker_test_lengths_" +
-                     std::to_string(getpid());
+  std::string path =
+      ::testing::TempDir() + "/picker_test_lengths_" + std::to_string(getpid());
   std::ofstream(path) << text;
   return path;
 }

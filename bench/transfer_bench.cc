@@ -240,9 +240,9 @@ absl::Status LoadHostRowRuns() {
   }
   absl::StatusOr<RunLengths> runs = LoadRunLengths(path);
   if (!runs.ok()) {
-    return absl::Status(runs.status().code(),
-                        absl::StrCat("--row_run_lengths: ",
-                                     runs.status().message()));
+    return absl::Status(
+        runs.status().code(),
+        absl::StrCat("--row_run_lengths: ", runs.status().message()));
   }
   HostRowRuns() = *std::move(runs);
   return absl::OkStatus();
@@ -255,7 +255,11 @@ std::unique_ptr<Picker> HostRowPicker(uint64_t rows, uint64_t seed) {
   return std::make_unique<Picker>(rows, seed, absl::GetFlag(FLAGS_row_run));
 }
 
-double HostRowMeanRun() { return HostRowPicker(1, 0)->mean_run(); }
+double HostRowMeanRun() {
+  return HostRowRuns().has_value()
+             ? MeanRun(*HostRowRuns())
+             : std::max<uint32_t>(absl::GetFlag(FLAGS_row_run), 1);
+}
 
 void Bench::Fail(const absl::Status& st, absl::string_view where) {
   errors_.push_back(absl::StrCat(std::string(where), ": ", st.ToString()));

@@ -239,7 +239,6 @@ absl::StatusOr<std::vector<Config>> ParseVariants(const std::string& flag);
 // the same options).
 std::string OptionsKey(const client::TransferOptions& o);
 
-
 // One cudaMemcpy2DAsync (memcpy_2d): `height` lines of `width` bytes.
 struct Copy2D {
   void* dst = nullptr;

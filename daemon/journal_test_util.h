@@ -213,8 +213,7 @@ class Journaled {
 
  private:
   // The index's rows for a reservation, not yet journaled.
-  absl::StatusOr<Rows> Allocate(uint32_t rank, size_t pages,
-                                size_t snapshots) {
+  absl::StatusOr<Rows> Allocate(uint32_t rank, size_t pages, size_t snapshots) {
     Rows rows;
     if (pages > 0) {
       auto p = index_->AllocatePageRows(rank, pages);

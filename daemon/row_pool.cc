@@ -193,7 +193,8 @@ absl::Status RowPool::Check(absl::Span<const uint32_t> holder,
     bool first = true;
     for (const auto& [start, length] : f.by_start) {
       const uint64_t end = uint64_t{start} + length;
-      if (length == 0 || end > rows_per_rank_ || (!first && start <= prev_end)) {
+      if (length == 0 || end > rows_per_rank_ ||
+          (!first && start <= prev_end)) {
         return fail(bank, " free runs of rank ", r, ": run of ", length,
                     " rows at row ", start,
                     " is empty, out of range, or overlaps or touches the "
@@ -207,7 +208,8 @@ absl::Status RowPool::Check(absl::Span<const uint32_t> holder,
       }
       if (!f.by_length.contains(Run{length, start})) {
         return fail(bank, " free runs of rank ", r, ": run of ", length,
-                    " rows at row ", start, " is missing from the length index");
+                    " rows at row ", start,
+                    " is missing from the length index");
       }
       run_rows += length;
       prev_end = end;

@@ -121,9 +121,9 @@ class RowPool {
   // Checks the pool against `holder` (indexed by Slot: the node holding a
   // committed row, kNoNode for any other): the free runs are in range,
   // maximal (neither overlapping nor touching), indexed by length alike and
-  // hold exactly the free rows; every state is valid; a row is committed exactly when
-  // it has a holder; the counts match. INTERNAL naming the `bank`, rank and
-  // row of the first violation. REQUIRES: holder.size() == slots().
+  // hold exactly the free rows; every state is valid; a row is committed
+  // exactly when it has a holder; the counts match. INTERNAL naming the `bank`,
+  // rank and row of the first violation. REQUIRES: holder.size() == slots().
   absl::Status Check(absl::Span<const uint32_t> holder, const char* bank) const;
 
   // Heap bytes held: the state table, the free runs and the counts.
@@ -131,9 +131,9 @@ class RowPool {
 
  private:
   using Run = std::pair<uint32_t, uint32_t>;  // (length, first row)
-  using RunsByStart = absl::btree_map<
-      uint32_t, uint32_t, std::less<uint32_t>,
-      CountingAllocator<std::pair<const uint32_t, uint32_t>>>;
+  using RunsByStart =
+      absl::btree_map<uint32_t, uint32_t, std::less<uint32_t>,
+                      CountingAllocator<std::pair<const uint32_t, uint32_t>>>;
   using RunsByLength =
       absl::btree_set<Run, std::less<Run>, CountingAllocator<Run>>;
   // One rank's free rows, as maximal runs, indexed twice.
@@ -155,7 +155,7 @@ class RowPool {
   void RemoveFree(uint32_t rank, uint32_t row);
 
   uint64_t rows_per_rank_ = 0;
-  std::vector<uint8_t> state_;                   // [Slot(rank, row)]
+  std::vector<uint8_t> state_;  // [Slot(rank, row)]
   // Bytes the runs' trees hold; on the heap so that it outlives any move of
   // free_ (the allocators point at it).
   std::unique_ptr<size_t> tree_bytes_ = std::make_unique<size_t>(0);

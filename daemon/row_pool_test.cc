@@ -122,9 +122,9 @@ TEST(RowPoolTest, TakeUsesTheSmallestRunThatFitsElseTheLongest) {
   RowPool pool;
   pool.Reset(1, 16);
   pool.Take(0, 16);
-  FreeRows(pool, {0, 1, 2});          // Run of 3 at 0.
-  FreeRows(pool, {9, 7, 5, 8, 6});    // Run of 5 at 5, freed out of order.
-  FreeRows(pool, {12, 13, 14, 15});   // Run of 4 at 12.
+  FreeRows(pool, {0, 1, 2});         // Run of 3 at 0.
+  FreeRows(pool, {9, 7, 5, 8, 6});   // Run of 5 at 5, freed out of order.
+  FreeRows(pool, {12, 13, 14, 15});  // Run of 4 at 12.
   EXPECT_EQ(pool.free_runs(0), 3u);
   EXPECT_TRUE(pool.Check(NoHolders(pool), "page").ok());
   // 4 fits the run of 4 exactly, not the lower run of 5.
@@ -172,8 +172,10 @@ TEST(RowPoolTest, RandomWalkKeepsEveryInvariant) {
   };
   for (int step = 0; step < 4000; ++step) {
     const uint32_t rank = below(kRanks);
-    std::vector<uint32_t> allocated = pool.RowsInState(rank, RowPool::kAllocated);
-    std::vector<uint32_t> committed = pool.RowsInState(rank, RowPool::kCommitted);
+    std::vector<uint32_t> allocated =
+        pool.RowsInState(rank, RowPool::kAllocated);
+    std::vector<uint32_t> committed =
+        pool.RowsInState(rank, RowPool::kCommitted);
     std::vector<uint32_t> free = pool.RowsInState(rank, RowPool::kFree);
     std::shuffle(allocated.begin(), allocated.end(), rng);
     std::shuffle(committed.begin(), committed.end(), rng);
@@ -217,7 +219,8 @@ TEST(RowPoolTest, RandomWalkKeepsEveryInvariant) {
         }
         break;
       case 4: {  // Claim some free rows.
-        const size_t k = free.empty() ? 0 : 1 + below(std::min<size_t>(free.size(), 5));
+        const size_t k =
+            free.empty() ? 0 : 1 + below(std::min<size_t>(free.size(), 5));
         ASSERT_TRUE(pool.Claim(rank, {free.data(), k}, "page").ok());
         break;
       }

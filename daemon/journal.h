@@ -11,24 +11,32 @@
 //   u8 type | payload
 //
 // Records: a checkpoint of nodes (hash, parent, every rank's page and
-// snapshot row), a reservation (the rows handed to an engine), a commit (its
-// outcome: each hash with the row that became visible, or "deduplicated"),
-// and a dropped subtree. The daemon appends with write(2) inside the
-// namespace's critical section, before it answers: a commit is acknowledged
-// only once its record is in the file, and a reservation's rows reach the
-// engine only once the reservation is. The page cache keeps a written record
-// through a crash of the daemon process; fsync per record (JournalOptions::
+// snapshot row), a reservation (the rows handed to an engine, or taken by
+// the daemon itself to write), a commit (its outcome: each hash with the
+// row that became visible, or "deduplicated"), a dropped subtree, and a
+// release (rows of a reservation that went back to the free list with
+// nothing writing them any more: the prefetch's rows past a refused
+// value). The daemon appends with write(2) inside the namespace's critical
+// section, before it answers: a commit is acknowledged only once its record
+// is in the file, and a reservation's rows reach the engine only once the
+// reservation is. The page cache keeps a written record through a crash of the daemon process; fsync per record (JournalOptions::
 // fsync) is for machine crashes, which banks in /dev/shm do not survive
 // anyway.
 //
 // Evictions are not journaled: an evicted row's bytes stay what they were
-// until an engine writes the row, and an engine writes only rows it
-// reserved, whose reservation record precedes the write. Replay therefore
+// until something writes the row, and every writer — an engine, the
+// prefetch (tier_prefetch.cc), mirror adoption (tier_commit.cc) — writes
+// only rows whose reservation record precedes the write (the record is in
+// the file before the rows are handed out or copied into). Replay therefore
 // applies records in order and, at each reservation, takes those rows (of
 // that rank) from whatever node held them; a node evicted but never
 // overwritten comes back with intact bytes, and a node left without any row
 // goes with its subtree. Aborted reservations need no record either: their
-// rows were never visible. A commit record carries its outcome, so a hash
+// rows were never visible, and they stay outstanding (fenced at restart:
+// an engine may still be writing them). A release record ends a
+// reservation's hold on rows nothing writes any more, so a restart neither
+// fences them nor gives them back to an older owner (the reservation record
+// took them from it). A commit record carries its outcome, so a hash
 // committed again after an unjournaled eviction lands on its new rows.
 //
 // A checkpoint is the header, the nodes, then one reservation record per
@@ -147,6 +155,14 @@ class NamespaceJournal {
   // for writing. On failure (INTERNAL) nothing of the record stays in the
   // file and the journal is broken() until the next Checkpoint.
   absl::Status AppendReserve(uint32_t rank,
+                             absl::Span<const uint32_t> page_rows,
+                             absl::Span<const uint32_t> snapshot_rows);
+  // Records that `page_rows` and `snapshot_rows` of `rank`, handed out by an
+  // earlier reservation record, went back to the free list and nothing
+  // writes them any more. Same failure contract as AppendReserve (a failed
+  // release leaves the rows outstanding: fenced after a restart, never
+  // served).
+  absl::Status AppendRelease(uint32_t rank,
                              absl::Span<const uint32_t> page_rows,
                              absl::Span<const uint32_t> snapshot_rows);
   // Records a commit's outcome for `rank`: hashes[i] holds rows[i], except

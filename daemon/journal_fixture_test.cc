@@ -361,5 +361,92 @@ TEST_F(JournalTest, TheV2ScenarioReplaysAlikeWithTheCurrentWriter) {
   ExpectSameBytes(path_, FixturePath("journal_v2.journal"));
 }
 
+// ------------------------------------------------------------------ v3 --
+
+// testdata/journal_v3.journal was written by this file's
+// TheV3ScenarioReplaysAlikeWithTheCurrentWriter at the commit that added
+// release records (issue 27, item 1). What v2 lacks: a release record.
+// The scenario is the prefetch's, on a full bank: a reservation that
+// evicts committed pages, part of it released (the pages past a refused
+// value), the rest committed; then a reservation released whole.
+constexpr Shape kV3Shape{.page_rows = 8, .snapshot_rows = 2, .tp_size = 1};
+
+void WriteV3Scenario(Journaled& j) {
+  const auto a = Chain(21, 4);
+  const auto b = Chain(22, 4);
+  const auto c = Chain(23, 1);
+  auto r = j.Reserve(0, 4, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(j.Commit(0, nullptr, a, *r, {3}).ok());
+  r = j.Reserve(0, 4);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(j.Commit(0, nullptr, b, *r).ok());
+  // The bank is full: three rows evicted from a's tail (the older chain).
+  r = j.Reserve(0, 3);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(j.Release(0, {.pages = {r->pages[1], r->pages[2]}}).ok());
+  ASSERT_TRUE(j.Commit(0, nullptr, c, {.pages = {r->pages[0]}}).ok());
+  // Released whole, snapshot row included.
+  r = j.Reserve(0, 2, 1);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(j.Release(0, *r).ok());
+}
+
+std::vector<FixtureNode> FixtureV3Nodes() {
+  constexpr uint32_t x = kNoRow;
+  const auto a = Chain(21, 4);
+  const auto b = Chain(22, 4);
+  const auto c = Chain(23, 1);
+  // The rows as the allocator of the fixture's commit handed them out.
+  return {
+      {a[0], std::nullopt, {0}, {x}},
+      {b[0], std::nullopt, {4}, {x}},
+      {b[1], b[0], {5}, {x}},
+      {b[2], b[1], {6}, {x}},
+      {b[3], b[2], {7}, {x}},
+      {c[0], std::nullopt, {1}, {x}},  // a[1..3] evicted.
+  };
+}
+
+void ExpectV3Contents(const JournalContents& c) {
+  EXPECT_EQ(c.stopped, "");
+  EXPECT_FALSE(c.corrupt);
+  EXPECT_EQ(c.inconsistent, 0u);
+  EXPECT_EQ(c.header.page_rows, 8u);
+  EXPECT_EQ(c.ranks, 1u);
+  EXPECT_EQ(c.keys.size(), 6u);
+  // Every reserved row was committed or released: nothing to fence.
+  EXPECT_EQ(c.outstanding_page_rows, (std::vector<std::vector<uint32_t>>{{}}));
+  EXPECT_EQ(c.outstanding_snapshot_rows,
+            (std::vector<std::vector<uint32_t>>{{}}));
+}
+
+TEST(JournalFixtureTest, JournalV3StillReplays) {
+  const std::string path = FixturePath("journal_v3.journal");
+  ASSERT_TRUE(std::filesystem::exists(path)) << path;
+  auto read = ReadJournal(path);
+  ASSERT_TRUE(read.ok()) << read.status();
+  ExpectV3Contents(*read);
+  auto index = MakeIndex(kV3Shape);
+  auto restored = RestoreIndex(*read, index.get());
+  ASSERT_TRUE(restored.ok()) << restored.status();
+  EXPECT_EQ(*restored, 6u);
+  EXPECT_TRUE(index->CheckInvariants().ok()) << index->CheckInvariants();
+  ExpectNodes(*index, FixtureV3Nodes());
+}
+
+TEST_F(JournalTest, TheV3ScenarioReplaysAlikeWithTheCurrentWriter) {
+  Journaled j(path_, kV3Shape);
+  WriteV3Scenario(j);
+  MaybeWriteFixture(path_);
+  JournalContents c;
+  auto restored = j.Replay(&c);
+  ASSERT_NE(restored, nullptr);
+  j.ExpectRestored(j.index(), *restored);
+  ExpectV3Contents(c);
+  ExpectNodes(*restored, FixtureV3Nodes());
+  ExpectSameBytes(path_, FixturePath("journal_v3.journal"));
+}
+
 }  // namespace
 }  // namespace kvtier::daemon

@@ -23,6 +23,8 @@
 //            u32 n | n x (hash | page row, kNoRow: deduplicated) | u32 m |
 //            m x (hash | snapshot row, kNoRow: deduplicated)
 //   kDrop    hash
+//   kRelease u32 rank | u32 n | n x page row | u32 m | m x snapshot row
+//            (as kReserve; since v3, see journal.h)
 //
 // "ranks" is the stored ranks (StoredRanks); "hybrid": snapshot_rows > 0.
 // These bytes are what journals already on disk hold: change nothing here
@@ -56,6 +58,7 @@ enum RecordType : uint8_t {
   kReserve = 3,
   kCommit = 4,
   kDrop = 5,
+  kRelease = 6,
 };
 
 // Record framing: u32 length of (type + payload), u32 CRC-32C of them.
@@ -102,7 +105,7 @@ inline void PutHash(std::string* out, const HashKey& k, uint32_t hash_bytes) {
 
 // Appends a framed record of `type` holding `payload` to `out`.
 void Frame(std::string* out, uint8_t type, absl::string_view payload);
-// Appends a kReserve payload to `out`.
+// Appends a kReserve payload to `out` (a kRelease payload is the same).
 void EncodeReserve(std::string* out, uint32_t rank,
                    absl::Span<const uint32_t> page_rows,
                    absl::Span<const uint32_t> snapshot_rows);

@@ -68,6 +68,8 @@ absl::Status ReplayModel::Apply(uint8_t type, Cursor& c) {
       return ApplyCommit(c);
     case kDrop:
       return ApplyDrop(c);
+    case kRelease:
+      return ApplyRelease(c);
     default:
       return absl::DataLossError(
           absl::StrCat("unknown record type ", static_cast<int>(type)));
@@ -302,17 +304,30 @@ absl::Status ReplayModel::ReadRows(Cursor& c, bool snapshot,
   return absl::OkStatus();
 }
 
-absl::Status ReplayModel::ApplyReserve(Cursor& c) {
-  const uint32_t rank = c.U32();
-  if (!c.ok() || rank >= ranks_) {
+absl::Status ReplayModel::ReadReserve(Cursor& c, const char* what,
+                                      uint32_t* rank,
+                                      std::vector<uint32_t>* pages,
+                                      std::vector<uint32_t>* snaps) {
+  *rank = c.U32();
+  if (!c.ok() || *rank >= ranks_) {
     return absl::DataLossError(
-        absl::StrCat("reserve.rank: ", rank, " is not below ", ranks_));
+        absl::StrCat(what, ".rank: ", *rank, " is not below ", ranks_));
   }
-  std::vector<uint32_t> pages, snaps;
-  if (absl::Status s = ReadRows(c, false, &pages); !s.ok()) return s;
-  if (absl::Status s = ReadRows(c, true, &snaps); !s.ok()) return s;
+  if (absl::Status s = ReadRows(c, false, pages); !s.ok()) return s;
+  if (absl::Status s = ReadRows(c, true, snaps); !s.ok()) return s;
   if (!c.ok() || !c.done()) {
-    return absl::DataLossError("reserve: bytes left after the rows");
+    return absl::DataLossError(
+        absl::StrCat(what, ": bytes left after the rows"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReplayModel::ApplyReserve(Cursor& c) {
+  uint32_t rank = 0;
+  std::vector<uint32_t> pages, snaps;
+  if (absl::Status s = ReadReserve(c, "reserve", &rank, &pages, &snaps);
+      !s.ok()) {
+    return s;
   }
   const bool merged = in_checkpoint_ && int64_t{rank} >= checkpoint_rank_;
   if (merged) {
@@ -322,6 +337,30 @@ absl::Status ReplayModel::ApplyReserve(Cursor& c) {
   }
   reserved_.Reserve(rank, pages, snaps, merged);
   // The engine may have written these rows: whatever held them lost them.
+  for (uint32_t row : pages) {
+    if (const uint32_t owner = PageOwner(rank, row); owner != kNoNode) {
+      ClearPageRow(owner, rank);
+    }
+  }
+  for (uint32_t row : snaps) {
+    if (const uint32_t owner = SnapshotOwner(rank, row); owner != kNoNode) {
+      ClearSnapshotRow(owner, rank);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReplayModel::ApplyRelease(Cursor& c) {
+  uint32_t rank = 0;
+  std::vector<uint32_t> pages, snaps;
+  if (absl::Status s = ReadReserve(c, "release", &rank, &pages, &snaps);
+      !s.ok()) {
+    return s;
+  }
+  reserved_.Released(rank, pages, snaps);
+  // Their bytes are nobody's: a node the model still has there (which a
+  // journal the daemon wrote never has, the rows' reservation having taken
+  // them) goes too.
   for (uint32_t row : pages) {
     if (const uint32_t owner = PageOwner(rank, row); owner != kNoNode) {
       ClearPageRow(owner, rank);

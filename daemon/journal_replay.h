@@ -137,7 +137,12 @@ class ReplayModel {
 
   absl::Status ReadRows(Cursor& c, bool snapshot, std::vector<uint32_t>* rows);
 
+  // Reads a kReserve or kRelease payload (`what` names it in errors).
+  absl::Status ReadReserve(Cursor& c, const char* what, uint32_t* rank,
+                           std::vector<uint32_t>* pages,
+                           std::vector<uint32_t>* snaps);
   absl::Status ApplyReserve(Cursor& c);
+  absl::Status ApplyRelease(Cursor& c);
 
   absl::Status ApplyCommit(Cursor& c);
 

@@ -180,6 +180,13 @@ void ReservationTracker::Commit(uint32_t rank,
   }
 }
 
+void ReservationTracker::Released(uint32_t rank,
+                                  absl::Span<const uint32_t> pages,
+                                  absl::Span<const uint32_t> snapshots) {
+  for (uint32_t row : pages) Release(rank, row, false, kNoNode);
+  for (uint32_t row : snapshots) Release(rank, row, true, kNoNode);
+}
+
 void ReservationTracker::Export(
     std::vector<std::vector<uint32_t>>* pages,
     std::vector<std::vector<uint32_t>>* snapshots) const {

@@ -48,6 +48,11 @@ class ReservationTracker {
   // where it deduplicated; snapshot_rows likewise for the placements.
   void Commit(uint32_t rank, absl::Span<const uint32_t> page_rows,
               absl::Span<const uint32_t> snapshot_rows);
+  // A kRelease record of `rank` (rows already validated): those rows went
+  // back to the free list and nothing writes them any more, so they are
+  // outstanding no longer, whichever reservation held them.
+  void Released(uint32_t rank, absl::Span<const uint32_t> pages,
+                absl::Span<const uint32_t> snapshots);
 
   bool HoldsPage(uint32_t rank, uint32_t row) const {
     return page_holder_[rank].contains(row);

@@ -142,6 +142,21 @@ class Journaled {
                                   r->freed_page_rows, r->freed_snapshot_rows);
   }
 
+  // Gives `rows` of `rank` (reserved, not committed) back to the index and
+  // journals their release, as the prefetch does with the rows of pages
+  // past a refused value. Their bytes stay "overwritten".
+  absl::Status Release(uint32_t rank, const Rows& rows) {
+    if (absl::Status s =
+            journal_->AppendRelease(rank, rows.pages, rows.snapshots);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = index_->FreePageRows(rank, rows.pages); !s.ok()) {
+      return s;
+    }
+    return index_->FreeSnapshotRows(rank, rows.snapshots);
+  }
+
   absl::Status Drop(const HashKey& hash) {
     auto r = index_->DropSubtree(hash);
     if (!r.ok()) return r.status();

@@ -37,6 +37,7 @@ using journal_internal::kHeader;
 using journal_internal::kMagic;
 using journal_internal::kNodes;
 using journal_internal::kNodesPerRecord;
+using journal_internal::kRelease;
 using journal_internal::kReserve;
 using journal_internal::kRowsPerReserveRecord;
 using journal_internal::PutHash;
@@ -270,6 +271,14 @@ absl::Status NamespaceJournal::AppendReserve(
   payload_.clear();
   EncodeReserve(&payload_, rank, page_rows, snapshot_rows);
   return Append(kReserve);
+}
+
+absl::Status NamespaceJournal::AppendRelease(
+    uint32_t rank, absl::Span<const uint32_t> page_rows,
+    absl::Span<const uint32_t> snapshot_rows) {
+  payload_.clear();
+  EncodeReserve(&payload_, rank, page_rows, snapshot_rows);
+  return Append(kRelease);
 }
 
 absl::Status NamespaceJournal::AppendCommit(

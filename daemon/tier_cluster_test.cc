@@ -5,6 +5,8 @@
 // their checks are misses.
 //
 // Thread-safety: single-threaded tests (the cores run their own threads).
+#include <filesystem>
+#include <memory>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -254,6 +256,84 @@ TEST_F(TierClusterTest, APrefetchSurvivesARestartAndLeavesNoRowFenced) {
   b.ExpectPages(4, hashes, 20, /*snapshot_page=*/19);
   EXPECT_TRUE(b.core().CheckInvariants().ok());
   EXPECT_EQ(b.core().GetFenceCounters().fenced_page_rows, 0u);
+}
+
+// A full bank: the prefetch's rows come from evicting committed pages. Its
+// reservation must reach the journal before it copies anything into them,
+// and the rows it gives back after a refused value must be recorded too,
+// or a restart restores the evicted pages over rows that hold another
+// prefix's bytes (issue 27, item 1). `kX` fills B's bank; Y, prefetched,
+// evicts X's tail.
+class PrefetchEvictsTest : public TierClusterTest {
+ protected:
+  static constexpr uint64_t kX = 30, kY = 31;
+  void SetUp() override {
+    TierClusterTest::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    ClusterNode a(*redis_, true);
+    a.Attach(ns_, layout_);
+    a.WritePages(kY, "", y_, 0);
+    a.WaitSpilled(8);
+    PrefetchTweaks t;  // Y is one slice of 8 pages.
+    t.journal = true;
+    b_ = std::make_unique<ClusterNode>(*redis_, true, TestClusterKey(),
+                                       /*page_rows=*/16, nullptr, t);
+  }
+  // After a restart: X is a miss or X's own bytes, never Y's.
+  void ExpectXIntact() {
+    const uint32_t x_pages = b_->Lookup(x_, false).matched_pages();
+    if (x_pages > 0) b_->ExpectPages(kX, x_, x_pages);
+    EXPECT_TRUE(b_->core().CheckInvariants().ok())
+        << b_->core().CheckInvariants();
+  }
+
+  const std::string ns_ = "evicts";
+  const v1::Layout layout_ = AttentionLayout();
+  const std::string x_ = RandomHashes(16, 32, 801);
+  const std::string y_ = RandomHashes(8, 32, 802);
+  std::unique_ptr<ClusterNode> b_;
+};
+
+// (a) No crash: Y's first value is refused, the seven after it were
+// copied into X's old rows (check and copy run in parallel), and every row
+// goes back.
+TEST_F(PrefetchEvictsTest, ARefusedValueLeavesNoOlderOwnerOverItsRows) {
+  ASSERT_NO_FATAL_FAILURE(Corrupt(ClusterKeyOf(ns_, layout_, y_, 0), nullptr));
+  b_->Attach(ns_, layout_);
+  b_->WritePages(kX, "", x_, 0);
+  ASSERT_TRUE(b_->Prefetch(y_).ok());
+  EXPECT_EQ(b_->WaitPrefetched(y_), 0u);
+  ASSERT_LT(b_->Lookup(x_, false).matched_pages(), 16u) << "nothing evicted";
+  b_->Restart();
+  b_->Attach(ns_, layout_);
+  ExpectXIntact();
+  EXPECT_EQ(b_->Lookup(y_, false).matched_pages(), 0u);
+  // The rows given back were recorded: nothing to fence.
+  EXPECT_EQ(b_->core().GetFenceCounters().fenced_page_rows, 0u);
+}
+
+// (b) A crash between the copy and the commit: the journal as it was when
+// the values had been copied into X's old rows, the banks as they are.
+TEST_F(PrefetchEvictsTest, ACrashAfterTheCopyLeavesNoOlderOwnerOverItsRows) {
+  const std::string journal = b_->JournalOf(ns_);
+  const std::string at_crash = journal + ".at-crash";
+  b_->core().SetTestHook([&](const char* point) {
+    if (std::string(point) == "prefetch:copied") {
+      std::filesystem::copy_file(
+          journal, at_crash, std::filesystem::copy_options::overwrite_existing);
+    }
+  });
+  b_->Attach(ns_, layout_);
+  b_->WritePages(kX, "", x_, 0);
+  ASSERT_TRUE(b_->Prefetch(y_).ok());
+  EXPECT_EQ(b_->WaitPrefetched(y_), 8u);
+  ASSERT_TRUE(std::filesystem::exists(at_crash)) << "the hook never ran";
+  b_->Restart([&] { std::filesystem::rename(at_crash, journal); });
+  b_->Attach(ns_, layout_);
+  ExpectXIntact();
+  // Y was never committed as far as the journal knows: a miss, and its
+  // rows are fenced (the conservative side).
+  EXPECT_EQ(b_->Lookup(y_, false).matched_pages(), 0u);
 }
 
 TEST(ClusterTierOptionsTest, BadPrefetchSettingsAreRefusedByName) {

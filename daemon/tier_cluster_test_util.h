@@ -11,6 +11,7 @@
 #include <stdlib.h>
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -109,9 +110,12 @@ class ClusterNode {
   }
   // Stops the core and starts another on the same banks and journal, as a
   // restarted kvtierd does (the cluster tier stays); Attach again after.
-  void Restart() {
+  // `while_down`, when set, runs between the two (with no core): what a
+  // crash left, e.g. a journal put back as it was at an earlier instant.
+  void Restart(const std::function<void()>& while_down = nullptr) {
     segments_.clear();
     core_.reset();
+    if (while_down) while_down();
     core_ = std::make_unique<TierCore>(options_);
     auto report = core_->Recover();
     EXPECT_TRUE(report.ok()) << report.status();
@@ -123,6 +127,10 @@ class ClusterNode {
   }
 
   TierCore& core() { return *core_; }
+  // The journal of namespace `ns` (PrefetchTweaks::journal).
+  std::string JournalOf(const std::string& ns) const {
+    return JournalPath(options_.state_dir, ns);
+  }
   ClusterTier& cluster() { return *cluster_; }
 
   // Opens a session and attaches it to `ns` at `rank`.

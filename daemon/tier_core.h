@@ -263,7 +263,8 @@ class TierCore {
   // mu_ not held. "drop:unlinking": Drop is about to remove a namespace's
   // journal and segments, mu_ not held. "namespace:wait": a request is about
   // to wait for a name being created or dropped (mu_ held: the hook must
-  // not block).
+  // not block). "prefetch:copied": a prefetch slice's values were copied
+  // into its rows, not yet committed (a prefetch job's thread, no lock).
   // Set before any request; nullptr: none.
   void SetTestHook(std::function<void(const char* point)> hook) {
     test_hook_ = std::move(hook);

@@ -7,14 +7,16 @@
 // them), up to prefetch_in_flight slices' GETs out at once, each slice on a
 // thread and connections of its own, and take the leading pages whose
 // every value arrived; (2) under the namespace's lock, pin the chain's end
-// (the page before the slice) and allocate their rows (evicting as a
-// Reserve would); (3) with no lock, check each value (DecodeClusterValue)
-// and copy the ones that pass into their rows: the rows are
-// allocated-uncommitted and this job's alone, invisible to lookups and to
-// every reservation; keep the leading pages whose every value passed and
-// give the other rows back; (4) under the lock, journal the kept pages'
-// rows as reserved, commit them for every rank and journal the commit,
-// then move the pin to the slice's last page. A dropped namespace (its
+// (the page before the slice), allocate their rows (evicting as a Reserve
+// would) and journal them as reserved, before anything is copied into
+// them (journal.h: a restart must never give an evicted page back rows
+// that now hold other bytes); (3) with no lock, check each value
+// (DecodeClusterValue) and copy the ones that pass into their rows: the
+// rows are allocated-uncommitted and this job's alone, invisible to
+// lookups and to every reservation; keep the leading pages whose every
+// value passed and give the other rows back, journaling their release;
+// (4) under the lock, commit the kept pages for every rank and journal the
+// commit, then move the pin to the slice's last page. A dropped namespace (its
 // index cleared) or a core shutting down ends the job at its next step; so
 // does anything that fails: what was committed stays, the rest is a miss.
 //
@@ -182,11 +184,11 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
         }
       }
     }
-    // (2) Pin the chain's end and allocate. Rows are taken before
-    // the values are checked, so that each value is copied while its check
-    // left it in cache; a page that then fails gives its rows back (what
-    // the allocation evicted for it stays evicted: values that fail are
-    // rare, and never served).
+    // (2) Pin the chain's end, allocate and journal the reservation. Rows
+    // are taken before the values are checked, so that each value is copied
+    // while its check left it in cache; a page that then fails gives its
+    // rows back (what the allocation evicted for it stays evicted: values
+    // that fail are rare, and never served).
     HashKey parent;
     const bool has_parent = pos > 0;
     if (has_parent) parent = keys[pos - 1];
@@ -219,6 +221,16 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
         }
         page_rows[r] = std::move(rows->page_rows);
         snap_rows[r] = std::move(rows->snapshot_rows);
+      }
+      // The rows may be evicted pages' rows: their reservation is in the
+      // journal before any byte is copied into them, so that a replay takes
+      // them from their old owners. When this fails nothing was written
+      // into them: freed unrecorded, they keep their old bytes.
+      for (uint32_t q = 0; failed.ok() && ns.journal != nullptr && q < ranks;
+           ++q) {
+        failed = ns.Journal(
+            ns.journal->AppendReserve(q, page_rows[q], snap_rows[q]));
+        if (!failed.ok()) r = ranks;
       }
       if (!failed.ok()) {
         for (uint32_t q = 0; q < r; ++q) {
@@ -274,6 +286,7 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
                     d->snapshot.data(), d->snapshot.size());
       }
     });
+    Hook("prefetch:copied");
     // The leading pages whose every rank passed.
     uint32_t good = 0;
     for (; good < avail; ++good) {
@@ -292,7 +305,10 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
     }
     spare_arenas.push_back(std::move(current.arena));
     lap(&stages.check);
-    // Rows of the pages past the last good one go back.
+    // Rows of the pages past the last good one go back, their release
+    // journaled (nothing writes them any more): a restart neither fences
+    // them nor hands them back to what they held before. Should the record
+    // fail, they stay outstanding in the journal: fenced, never served.
     if (good < avail) {
       absl::MutexLock lock(&ns.mu);
       for (uint32_t r = 0; r < ranks; ++r) {
@@ -308,6 +324,10 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
         if (!ns.dropped) {
           (void)ns.index->FreePageRows(r, pages_back);
           (void)ns.index->FreeSnapshotRows(r, snaps_back);
+          if (ns.journal != nullptr) {
+            (void)ns.Journal(
+                ns.journal->AppendRelease(r, pages_back, snaps_back));
+          }
         }
         page_rows[r].resize(good);
         snap_rows[r].resize(s);
@@ -335,20 +355,11 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
         for (size_t s = 0; s < snap_pages[r].size(); ++s) {
           placements.push_back({snap_rows[r][s], slice_keys[snap_pages[r][s]]});
         }
-        // Journaled as reserved only now, with exactly the rows the commit
-        // consumes: rows given back above never reach the journal, and
-        // only this job (never an engine) wrote any of them, so a crash
-        // before this point leaves nothing to fence.
-        absl::Status reserved =
-            failed ? absl::AbortedError("an earlier rank failed")
-            : ns.journal != nullptr ? ns.Journal(ns.journal->AppendReserve(
-                                          r, page_rows[r], snap_rows[r]))
-                                    : absl::OkStatus();
         auto result =
-            !reserved.ok()
-                ? absl::StatusOr<PrefixIndex::CommitResult>(reserved)
-                : ns.index->Commit(r, has_parent ? &parent : nullptr,
-                                   slice_keys, page_rows[r], placements);
+            failed ? absl::StatusOr<PrefixIndex::CommitResult>(
+                         absl::AbortedError("an earlier rank failed"))
+                   : ns.index->Commit(r, has_parent ? &parent : nullptr,
+                                      slice_keys, page_rows[r], placements);
         if (!result.ok()) {
           if (!failed) {
             SPDLOG_WARN("namespace '{}': prefetch commit: {}", ns.name,
@@ -357,6 +368,10 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
           failed = true;
           (void)ns.index->FreePageRows(r, page_rows[r]);
           (void)ns.index->FreeSnapshotRows(r, snap_rows[r]);
+          if (ns.journal != nullptr) {
+            (void)ns.Journal(
+                ns.journal->AppendRelease(r, page_rows[r], snap_rows[r]));
+          }
           continue;
         }
         PublishStored(ns, has_parent ? &parent : nullptr, slice_keys,

@@ -231,6 +231,10 @@ uint32_t kvt_hash_bytes(const kvt_namespace* ns) {
   return ns == nullptr ? 0 : ns->ns->hasher().hash_bytes();
 }
 
+const char* kvt_namespace_acl(const kvt_namespace* ns) {
+  return ns == nullptr ? "" : ns->ns->acl_entry().c_str();
+}
+
 uint32_t kvt_num_page_banks(const kvt_namespace* ns) {
   return ns == nullptr ? 0 : static_cast<uint32_t>(ns->ns->page_banks().size());
 }

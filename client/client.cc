@@ -152,6 +152,7 @@ absl::StatusOr<std::unique_ptr<Namespace>> Client::Attach(
   state->tp_rank = options.tp_rank;
   state->created = resp.created();
   state->device_epoch = epoch;
+  state->acl_entry = resp.acl_entry();
   for (const auto& p : resp.device_pools()) {
     DevicePoolInfo info;
     info.device_ordinal = p.device_ordinal();

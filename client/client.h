@@ -331,6 +331,10 @@ class Namespace {
   const Layout& layout() const;
   uint32_t tp_rank() const;
   bool created() const;  // This attach created the namespace.
+  // The pattern of the daemon's --namespace_acl entry governing this
+  // namespace, as the first Attach reported it; "" when none does (every
+  // session of the engine socket may then attach and write its rows).
+  const std::string& acl_entry() const;
   // True while every bank is registered with CUDA (false during a remap
   // after a daemon restart, and after a failed re-registration).
   bool cuda_registered() const;

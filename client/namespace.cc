@@ -29,6 +29,7 @@ bool Namespace::cuda_registered() const {
   return state_->banks->cuda_registered();
 }
 const BlockHasher& Namespace::hasher() const { return *state_->hasher; }
+const std::string& Namespace::acl_entry() const { return state_->acl_entry; }
 const std::vector<BankMapping>& Namespace::page_banks() const {
   return state_->banks->page_banks();
 }

@@ -129,6 +129,9 @@ struct NamespaceState {
   // the session of device_epoch only.
   std::vector<DevicePoolInfo> device_pools;
   uint64_t device_epoch = 0;
+  // The --namespace_acl entry governing the namespace, as the first Attach
+  // reported it ("": none).
+  std::string acl_entry;
 
   absl::Mutex mu;
   // Why the last re-attach failed (empty: it did not).

@@ -101,6 +101,9 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
   resp->set_page_rows(n.page_rows);
   resp->set_snapshot_rows(n.snapshot_rows);
   resp->set_max_replay_tokens(n.max_replay_tokens);
+  // Engines can tell a namespace of their own from one every session may
+  // attach (the vLLM connector warns at start about the latter).
+  if (acl != nullptr) resp->set_acl_entry(acl->pattern);
   for (uint32_t i = 0; i < options_.device_pools.size(); ++i) {
     const DevicePoolExport& e = options_.device_pools[i];
     v1::DevicePool* p = resp->add_device_pools();

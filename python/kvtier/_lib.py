@@ -188,6 +188,7 @@ _SIGNATURES = {
     "kvt_namespace_close": (None, [c_void_p]),
     "kvt_namespace_id": (c_uint64, [c_void_p]),
     "kvt_hash_bytes": (c_uint32, [c_void_p]),
+    "kvt_namespace_acl": (c_char_p, [c_void_p]),
     "kvt_num_page_banks": (c_uint32, [c_void_p]),
     "kvt_page_bank": (_status, [c_void_p, c_uint32, POINTER(BankInfo)]),
     "kvt_snapshot_bank": (_status, [c_void_p, POINTER(BankInfo)]),

@@ -191,6 +191,10 @@ class Namespace(_Handle):
         lib = _lib.load()
         self.hash_bytes = lib.kvt_hash_bytes(ptr)
         self.id = lib.kvt_namespace_id(ptr)
+        # The daemon's --namespace_acl entry governing this namespace (its
+        # pattern); "" when none does: every engine that reaches the daemon
+        # may attach it and write its rows (docs/operations.md).
+        self.acl_entry = (lib.kvt_namespace_acl(ptr) or b"").decode()
 
     def _adopt(self, handle):
         self._children.add(handle)

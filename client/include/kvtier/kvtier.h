@@ -160,6 +160,11 @@ kvt_status kvt_attach(kvt_client* client, const kvt_attach_options* options,
 void kvt_namespace_close(kvt_namespace* ns);
 uint64_t kvt_namespace_id(const kvt_namespace* ns);
 uint32_t kvt_hash_bytes(const kvt_namespace* ns);
+/* The pattern of the daemon's --namespace_acl entry that governs the
+ * namespace (as its first attach reported it), valid while the namespace is
+ * open; "" when no entry governs it: every engine that reaches the daemon
+ * may then attach it and write its rows. */
+const char* kvt_namespace_acl(const kvt_namespace* ns);
 /* Page banks (index < kvt_num_page_banks) and the snapshot bank. */
 uint32_t kvt_num_page_banks(const kvt_namespace* ns);
 kvt_status kvt_page_bank(const kvt_namespace* ns, uint32_t index,

@@ -4,7 +4,8 @@ connector, each its own process, against a real kvtierd.
 What a user relies on: a prefix one engine computed is served to another
 engine of the node (a restarted one, or a sibling running at the same
 time) bit-identical, hybrid models included; other tenants (cache_salt) and
-a changed model config never hit; the check can see wrong KV (a test-only
+a changed model config never hit; a tenant mapped to a namespace of its own
+(tenant_namespaces) is stored there and served from there; the check can see wrong KV (a test-only
 fault corrupts one loaded block); a daemon that is down or dies never
 stops vLLM from serving.
 """
@@ -55,34 +56,46 @@ def test_restarted_engine_is_served_bit_identical(arch, daemon, run_engine,
 
     # Process 2, same config: the prompt comes from kvtier, and the top-20
     # logprobs of 16 tokens equal process 1's second serve (same schedule:
-    # 1,024 tokens cached, 76 computed). Another tenant's salt gets nothing;
+    # 1,024 tokens cached, 76 computed). Another tenant's salt gets nothing,
+    # and that tenant, mapped to a namespace of its own, is stored there;
     # aborted requests leave no pins.
     aborted, checked = str(tmp_path / "aborted"), str(tmp_path / "checked")
+    tenants = {"tenant_namespaces": {"tenant-b": "tb"}}
     e = start_engine(script(arch, model, daemon.socket, [
         gen(), gen(cache_salt="tenant-b"),
         {"op": "abort_many", "prompt": PROMPT, "count": 12},
-        {"op": "touch", "path": aborted}, {"op": "wait", "path": checked}]))
+        {"op": "touch", "path": aborted}, {"op": "wait", "path": checked}], **tenants))
     while not os.path.exists(aborted):
         assert e.proc.poll() is None, e.log()[-4000:]
         time.sleep(0.1)
     ns = only_ns(daemon.socket, model)
     assert int(ns[0]["leases"]) == 0, ns
     assert int(ns[0]["sessions"]) == 2  # the engine's scheduler and worker
+    tenant_ns = [n for n in namespaces(daemon.socket)
+                 if n["name"] == "tb." + ns[0]["name"]]
     open(checked, "w").close()
     restored, salted, _, _, _ = e.results()
     assert restored["num_cached_tokens"] >= FULL_BLOCK_TOKENS
     assert restored["token_ids"] == second["token_ids"]
     assert restored["logprobs"] == second["logprobs"]
     assert salted["num_cached_tokens"] == 0
+    assert len(tenant_ns) == 1 and int(tenant_ns[0]["pages"]) >= 8, tenant_ns
+    assert int(tenant_ns[0]["sessions"]) == 2, tenant_ns
+    # The daemon has no --namespace_acl: the engine says its namespaces are
+    # shared with every engine of the node.
+    assert f"namespace '{ns[0]['name']}' is governed by no --namespace_acl" in e.log()
 
     if arch != "llama":
         return
     # Process 3 with a test-only fault that corrupts one loaded block: the
-    # same comparison fails, so it can see wrong KV.
-    (corrupt,) = run_engine(script(arch, model, daemon.socket, [gen()]),
-                            env={"KVTIER_VLLM_FAULT": "corrupt-load"})
+    # same comparison fails, so it can see wrong KV. Tenant b's prompt is
+    # served from its own namespace.
+    corrupt, tenant_b = run_engine(script(arch, model, daemon.socket, [
+        gen(), gen(cache_salt="tenant-b")], **tenants),
+        env={"KVTIER_VLLM_FAULT": "corrupt-load"})
     assert corrupt["num_cached_tokens"] >= FULL_BLOCK_TOKENS
     assert corrupt["logprobs"] != second["logprobs"]
+    assert tenant_b["num_cached_tokens"] >= FULL_BLOCK_TOKENS
 
     # Process 4: the same model path with another config.json is another
     # model: nothing is served from the old namespace.

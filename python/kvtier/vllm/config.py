@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 
 # key -> (accepted Python types, default, what it is). Documented in
 # docs/vllm.md; keep the two in step.
@@ -50,11 +51,24 @@ KEYS: dict[str, tuple[tuple[type, ...], object, str]] = {
     "cluster_wait_ms": ((int,), 10000,
                         "with 'cluster': the longest a request waits for its "
                         "prefetch before it is answered from the local match"),
+    "tenant_namespaces": ((dict,), None,
+                          "cache salt -> tenant: requests with that cache_salt "
+                          "use namespace '<tenant>.<namespace>', which kvtierd's "
+                          "--namespace_acl entry '<tenant>.*' gives to the "
+                          "tenant's engines alone (see kvtier.vllm.tenants)"),
+    "unmapped_salts": ((str,), "skip",
+                       "with 'tenant_namespaces', a request whose cache salt "
+                       "is in no entry: 'skip' (not cached) or 'default' (the "
+                       "engine's namespace)"),
 }
 
 STORE_POLICIES = ("all", "none")
 KV_CACHE_LAYOUTS = ("auto", "none", "LBNHC", "LBHNC", "LHBNC", "NHD", "HND",
                     "BLHNC", "BLNHC", "BHLNC")
+UNMAPPED_SALTS = ("skip", "default")
+# A tenant is the first component of its namespaces' names: no '.', so that
+# the ACL pattern 'a.*' never governs tenant 'a.b''s namespaces.
+TENANT_NAME = re.compile(r"[A-Za-z0-9_-]{1,96}")
 
 # Test-only fault injection, read from the environment so that no user
 # configuration can switch it on: "corrupt-load" flips the bytes of the
@@ -76,6 +90,9 @@ class ConnectorConfig:
     kv_event_tokens: bool = False
     cluster: bool = False
     cluster_wait_ms: int = 10000
+    # (cache salt, tenant) pairs, sorted by salt; () without a map.
+    tenant_namespaces: tuple[tuple[str, str], ...] = ()
+    unmapped_salts: str = "skip"
     fault: str = ""
 
     @classmethod
@@ -124,7 +141,36 @@ class ConnectorConfig:
                              f"{', '.join(KV_CACHE_LAYOUTS)}")
         if values["socket"] == "":
             raise ValueError(f"{where}['socket']: empty; leave it out for the default")
+        values["tenant_namespaces"] = _tenant_pairs(values["tenant_namespaces"],
+                                                    f"{where}['tenant_namespaces']")
+        if values["unmapped_salts"] not in UNMAPPED_SALTS:
+            raise ValueError(f"{where}['unmapped_salts']: "
+                             f"{values['unmapped_salts']!r} is not one of "
+                             f"{', '.join(UNMAPPED_SALTS)}")
+        if "unmapped_salts" in extra and not values["tenant_namespaces"]:
+            raise ValueError(f"{where}['unmapped_salts']: means nothing without "
+                             f"a non-empty 'tenant_namespaces'")
         fault = os.environ.get(FAULT_ENV, "")
         if fault not in ("", "corrupt-load"):
             raise ValueError(f"${FAULT_ENV}: {fault!r} is not a known fault")
         return cls(retry_s=float(values.pop("retry_s")), fault=fault, **values)
+
+
+def _tenant_pairs(value: dict | None, where: str) -> tuple[tuple[str, str], ...]:
+    """The checked (salt, tenant) pairs of `tenant_namespaces`. Raises
+    ValueError naming `where` and the offending entry (never the salt's
+    value, which may be a secret: its position in the map instead)."""
+    if value is None:
+        return ()
+    pairs = []
+    for i, (salt, tenant) in enumerate(value.items()):
+        if not isinstance(salt, str) or not salt:
+            got = "an empty string" if salt == "" else type(salt).__name__
+            raise ValueError(f"{where}: entry {i}: a cache salt must be a "
+                             f"non-empty string, got {got}")
+        if not isinstance(tenant, str) or not TENANT_NAME.fullmatch(tenant):
+            raise ValueError(f"{where}: entry {i}: tenant {tenant!r} is not "
+                             f"1..96 characters of [A-Za-z0-9_-] (it becomes the "
+                             f"first component of a namespace name)")
+        pairs.append((salt, tenant))
+    return tuple(sorted(pairs))

@@ -82,7 +82,7 @@ class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
         a, b = self.report, other.report
         return KvtierWorkerMetadata(StepReport(
             loaded=a.loaded | b.loaded, failed_loads=a.failed_loads | b.failed_loads,
-            attached=a.attached and b.attached,
+            attached=frozenset(a.attached) & frozenset(b.attached),
             stored=a.stored + b.stored, failed_stores=a.failed_stores | b.failed_stores))
 
 
@@ -256,15 +256,19 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = KvtierScheduler(self.config, self.ns_name, self.layout,
                                               self.cache, instance=instance)
-            # A layout the namespace refuses is a start-up error. The worker
-            # attached (or not) before the scheduler is built.
-            self._scheduler.worker_ready = self._scheduler.link.namespace() is not None
+            # A layout a namespace refuses, or an ACL that refuses this
+            # engine, is a start-up error. The worker attached (or not)
+            # before the scheduler is built.
+            self._scheduler.worker_ready = self._scheduler.link.attach_all()
         else:
             self._worker = KvtierWorker(self.config, self.ns_name, self.layout, self.cache,
                                         instance=instance)
-        log.info("kvtier: %s connector, namespace %r, %d-token blocks of %d bytes%s",
-                 role.name.lower(), self.ns_name, self.cache.block_size,
-                 self.cache.row_bytes, ", hybrid" if self.cache.hybrid else "")
+        tenants = len(self.config.tenant_namespaces)
+        log.info("kvtier: %s connector, namespace %r%s, %d-token blocks of %d bytes%s",
+                 role.name.lower(), self.ns_name,
+                 f" and {tenants} tenant cache salts mapped" if tenants else "",
+                 self.cache.block_size, self.cache.row_bytes,
+                 ", hybrid" if self.cache.hybrid else "")
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config) -> str | None:

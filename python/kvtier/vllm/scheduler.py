@@ -24,6 +24,9 @@ get_block_ids()).
 - Stores are write-through: each step, the full blocks a request completes
   in that step are handed to the worker, which copies them after the
   forward pass. No vLLM block is held beyond its request's own lifetime.
+- Tenants (tenants.py): a request's cache salt picks its namespace once,
+  when it is first seen (the engine's own, a tenant's, or none: not
+  cached); its lookups, loads and stores all go there.
 
 Thread-safety: one thread at a time (vLLM's scheduler thread).
 """
@@ -39,6 +42,7 @@ from .config import ConnectorConfig
 from .stats import Counters
 from .layout import CacheDescription
 from .link import TierLink
+from .tenants import TenantMap
 from .worker import LoadJob, StepReport, StoreJob
 
 log = logging.getLogger("kvtier.vllm")
@@ -47,6 +51,8 @@ log = logging.getLogger("kvtier.vllm")
 @dataclasses.dataclass
 class _Tracked:
     request: object
+    # Its namespace (tenants.py), fixed when first seen; None: not cached.
+    namespace: str | None = None
     stored_pages: int = 0  # pages [0, stored_pages) are in the tier or queued
     lease: object = None  # pinned hit awaiting allocation or the worker's copy
     local_tokens: int = 0  # vLLM's own hit when the lease was taken
@@ -66,6 +72,7 @@ class SchedulerStats(Counters):
     prefetches: int = 0  # prefetches started (cluster)
     prefetch_waits: int = 0  # "ask again later" answers (cluster)
     prefetch_errors: int = 0
+    unmapped_requests: int = 0  # cache salt in no tenant entry: not cached
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,10 +90,12 @@ class KvtierScheduler:
         self.config = config
         self.cache = cache
         self.bs = cache.block_size
-        self.link = TierLink(config, name, layout, "scheduler", instance=instance)
-        # Whether the worker can copy: no hit is reported while it cannot
-        # (its step reports say; the connector sets the first value).
-        self.worker_ready = True
+        self.tenants = TenantMap.of(config, name)
+        self.link = TierLink(config, name, layout, "scheduler", instance=instance,
+                             tenants=self.tenants, warn_open=True)
+        # The namespaces the worker can copy for: no hit is reported from
+        # another (its step reports say; the connector sets the first value).
+        self.worker_ready: set[str] = set(self.tenants.namespaces)
         # A lookup that ran out of time makes lookups misses until then
         # (a slow daemon costs one deadline per retry_s, not one per request).
         self._pause_until = 0.0
@@ -112,6 +121,17 @@ class KvtierScheduler:
             n = min(n, num_pages)
         return [bytes(hashes[(i + 1) * r - 1]) for i in range(start, n)]
 
+    def _track(self, request) -> _Tracked:
+        """The request's record, made (and its namespace chosen by its cache
+        salt) when it is first seen."""
+        t = self._reqs.get(request.request_id)
+        if t is None:
+            name = self.tenants.route(getattr(request, "cache_salt", None))
+            if name is None:
+                self.stats.unmapped_requests += 1
+            t = self._reqs[request.request_id] = _Tracked(request, name)
+        return t
+
     # -- lookup ----------------------------------------------------------------
 
     def matched_tokens(self, request, num_computed_tokens: int) -> int | None:
@@ -119,17 +139,17 @@ class KvtierScheduler:
         tier holds and that are now pinned for this request (0: a miss), or
         None (with `cluster` only) while a prefetch from the cluster tier is
         bringing more of the prefix in: ask again later."""
-        t = self._reqs.setdefault(request.request_id, _Tracked(request))
+        t = self._track(request)
         self._drop_lease(t)
-        if num_computed_tokens % self.bs:
+        if num_computed_tokens % self.bs or t.namespace is None:
             return 0
         max_pages = (request.num_tokens - 1) // self.bs
         if max_pages * self.bs <= num_computed_tokens:
             return 0
         if time.monotonic() < self._pause_until:
             return 0
-        ns = self.link.namespace()
-        if ns is None or not self.worker_ready:
+        ns = self.link.namespace(t.namespace)
+        if ns is None or t.namespace not in self.worker_ready:
             return 0
         hashes = self.page_hashes(request, max_pages)
         if len(hashes) * self.bs <= num_computed_tokens:
@@ -203,7 +223,7 @@ class KvtierScheduler:
         """vLLM allocated the request's blocks (all of them, per group) and
         accepted `num_external_tokens` of the hit: queue the load, or drop
         the pin when nothing is to be loaded."""
-        t = self._reqs.setdefault(request.request_id, _Tracked(request))
+        t = self._track(request)
         t.request = request
         lease = t.lease
         if lease is None or t.load_sent:
@@ -231,11 +251,13 @@ class KvtierScheduler:
             log.warning("kvtier: cannot load %d tokens of %s as allocated; "
                         "recomputing", num_external_tokens, request.request_id)
             block = attn[first:first + max(count, 1)]
-            self._loads.append(LoadJob(request.request_id, tuple(block), ()))
+            self._loads.append(LoadJob(request.request_id, tuple(block), (),
+                                       namespace=t.namespace))
         else:
             self._loads.append(LoadJob(
                 request.request_id, tuple(attn[first:first + count]),
-                tuple(lease.rows[first:first + count]), snapshot_block, snapshot_row))
+                tuple(lease.rows[first:first + count]), snapshot_block, snapshot_row,
+                namespace=t.namespace))
         t.load_sent = True
 
     def take_loads(self) -> list[LoadJob]:
@@ -250,7 +272,7 @@ class KvtierScheduler:
         steps cost neither a block-table read nor hashing."""
         t = self._reqs.get(req_id)
         return (t is not None and not t.finished and self.config.store != "none"
-                and self.link.attached
+                and t.namespace is not None and self.link.attached_to(t.namespace)
                 and min(computed_after // self.bs,
                         self.num_full_pages(t.request)) > t.stored_pages)
 
@@ -261,7 +283,7 @@ class KvtierScheduler:
         t = self._reqs.get(req_id)
         if t is None or t.finished or self.config.store == "none":
             return None
-        if not self.link.attached:
+        if t.namespace is None or not self.link.attached_to(t.namespace):
             return None
         attn = block_ids[self.cache.attention_group]
         first = t.stored_pages
@@ -292,7 +314,7 @@ class KvtierScheduler:
             tokens = tuple(int(x) for x in
                            t.request.all_token_ids[first * self.bs:full * self.bs])
         job = StoreJob(req_id, first, tuple(attn[first:full]), tuple(new_hashes),
-                       parent, snapshot_block, tokens)
+                       parent, snapshot_block, tokens, namespace=t.namespace)
         t.stored_pages = full
         return job
 
@@ -301,7 +323,7 @@ class KvtierScheduler:
     def on_report(self, report: StepReport) -> None:
         """The worker's report of a step: release pins of finished loads,
         re-store requests whose store failed, record stored pages."""
-        self.worker_ready = report.attached
+        self.worker_ready = set(report.attached or ())
         self.loads_done(report.loaded | report.failed_loads)
         for req_id in report.failed_stores:
             t = self._reqs.get(req_id)

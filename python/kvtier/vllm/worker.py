@@ -10,6 +10,10 @@ the scheduler pinned, stores reserve rows (one RPC) and commit once the
 stream has finished the copies (CUDA: libkvtier's worker thread, never the
 engine's).
 
+Each namespace of the engine (its own and its tenants', tenants.py) has
+its own banks, so its own transfer engine over the same buffer; a job
+names its namespace (None: the engine's).
+
 The GPU test (tests/gpu) drives this very class with CUDA tensors laid out
 as vLLM lays them, so nothing here may import vLLM.
 
@@ -28,6 +32,7 @@ from .config import ConnectorConfig
 from .stats import Counters
 from .layout import CacheDescription
 from .link import TierLink
+from .tenants import TenantMap
 
 log = logging.getLogger("kvtier.vllm")
 
@@ -41,6 +46,7 @@ class LoadJob:
     rows: tuple[int, ...]
     snapshot_block: int | None = None
     snapshot_row: int | None = None
+    namespace: str | None = None  # None: the engine's namespace
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +63,7 @@ class StoreJob:
     # The pages' token ids (config kv_event_tokens), for the daemon's KV
     # events; empty: none sent.
     token_ids: tuple[int, ...] = ()
+    namespace: str | None = None  # None: the engine's namespace
 
 
 @dataclasses.dataclass
@@ -67,9 +74,9 @@ class StepReport:
     # (req_id, first_page, num_pages) of each committed store.
     stored: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
     failed_stores: set[str] = dataclasses.field(default_factory=set)
-    # Whether the worker can copy (attached, with a transfer engine): the
-    # scheduler reports no hits while it cannot.
-    attached: bool = False
+    # The namespaces the worker can copy for (attached, with a transfer
+    # engine): the scheduler reports no hits from the others.
+    attached: frozenset[str] = frozenset()
 
 
 @dataclasses.dataclass
@@ -96,14 +103,16 @@ class KvtierWorker:
                  instance: bytes | None = None):
         self.config = config
         self.cache = cache
+        self.name = name
         self.regions = cache.regions()
         self.row_bytes = cache.row_bytes
         # Worker calls (Reserve, Commit) run after the forward pass, not in
         # the scheduler's path: a longer deadline than lookups.
         self.link = TierLink(config, name, layout, "worker", on_attach=self._attached,
-                             timeout_ms=max(config.timeout_ms, 5000), instance=instance)
+                             timeout_ms=max(config.timeout_ms, 5000), instance=instance,
+                             tenants=TenantMap.of(config, name))
         self.buffer = None
-        self._xfer = None
+        self._xfers: dict[str, object] = {}  # namespace -> its Transfer
         # (commit, event after its copies, req_id, first page, pages)
         self._pending: list[tuple[PendingCommit, object, str, int, int]] = []
         # (event after the copies, loaded req_ids, failed req_ids)
@@ -124,7 +133,7 @@ class KvtierWorker:
             raise ValueError(f"KV cache buffer: {have} bytes, the layout places "
                              f"blocks up to byte {need}")
         self.buffer = buffer
-        self.link.namespace()  # a daemon that is down is retried later
+        self.link.attach_all()  # a daemon that is down is retried later
 
     def descriptor(self) -> PoolDescriptor:
         """The pool descriptor of the registered buffer: one page bank "kv"
@@ -144,13 +153,17 @@ class KvtierWorker:
             backend="cuda" if cuda else "reference", keepalive=(b,))
 
     def _attached(self, ns: Namespace) -> None:
-        self._xfer = ns.transfer(self.descriptor())
+        self._xfers[ns.name] = ns.transfer(self.descriptor())
 
-    def _ready(self) -> Namespace | None:
+    def _ready(self, name: str | None = None):
+        """(Namespace, Transfer) of namespace `name` (None: the engine's), or
+        None while the worker cannot copy for it."""
         if self.buffer is None:
             return None
-        ns = self.link.namespace()
-        return ns if ns is not None and self._xfer is not None else None
+        name = name or self.name
+        ns = self.link.namespace(name)
+        xfer = self._xfers.get(name)
+        return (ns, xfer) if ns is not None and xfer is not None else None
 
     def _stream(self):
         if self.buffer is not None and self.buffer.device.type == "cuda":
@@ -169,21 +182,21 @@ class KvtierWorker:
         the request, as kv_load_failure_policy says)."""
         if not jobs:
             return
-        ns = self._ready()
         stream = self._stream()
         t0 = time.perf_counter()
         ok: set[str] = set()
         failed: set[str] = set()
         for job in jobs:
             try:
-                if ns is None:
+                ready = self._ready(job.namespace)
+                if ready is None:
                     raise KvtierError(14, "kvtier: not attached")
                 if len(job.rows) != len(job.block_ids):
                     raise ValueError("the hit cannot be loaded as vLLM allocated it")
-                self._xfer.rehydrate(job.block_ids, job.rows, stream)
+                xfer = ready[1]
+                xfer.rehydrate(job.block_ids, job.rows, stream)
                 if job.snapshot_block is not None:
-                    self._xfer.restore_snapshot(job.snapshot_block, job.snapshot_row,
-                                                stream)
+                    xfer.restore_snapshot(job.snapshot_block, job.snapshot_row, stream)
                 if self.config.fault == "corrupt-load" and job.block_ids:
                     self._corrupt(job.block_ids[0])
                 self.stats.load_blocks += len(job.block_ids)
@@ -220,22 +233,22 @@ class KvtierWorker:
         visible."""
         if not jobs or self.config.store == "none":
             return
-        ns = self._ready()
         stream = self._stream()
         t0 = time.perf_counter()
         for job in jobs:
-            if ns is None:
+            ready = self._ready(job.namespace)
+            if ready is None:
                 self._report.failed_stores.add(job.req_id)
                 continue
+            ns, xfer = ready
             snaps = 1 if job.snapshot_block is not None else 0
             res = None
             try:
                 res = ns.reserve(len(job.block_ids), snaps)
-                self._xfer.evict(job.block_ids, res.page_rows, stream)
+                xfer.evict(job.block_ids, res.page_rows, stream)
                 placements = []
                 if snaps:
-                    self._xfer.save_snapshot(job.snapshot_block, res.snapshot_rows[0],
-                                             stream)
+                    xfer.save_snapshot(job.snapshot_block, res.snapshot_rows[0], stream)
                     placements = [(0, job.hashes[-1])]
                 if stream is None:
                     res.commit(job.hashes, parent=job.parent, snapshots=placements,
@@ -280,7 +293,8 @@ class KvtierWorker:
                 self._report.loaded |= ok
                 self._report.failed_loads |= failed
         self._inflight_loads = still
-        self._report.attached = self._ready() is not None
+        self._report.attached = frozenset(
+            n for n in self.link.names if self._ready(n) is not None)
         while self._pending:
             pending, copied, req_id, first, n = self._pending[0]
             if not copied.query():
@@ -314,7 +328,7 @@ class KvtierWorker:
 
     def close(self) -> None:
         self.flush()
-        if self._xfer is not None:
-            self._xfer.close()
-            self._xfer = None
+        for xfer in self._xfers.values():
+            xfer.close()
+        self._xfers = {}
         self.link.close()

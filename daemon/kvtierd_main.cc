@@ -29,6 +29,7 @@
 #include "daemon/kvtierd_cluster.h"
 #include "daemon/metrics.h"
 #include "daemon/server_limits.h"
+#include "daemon/socket_staging.h"
 #include "daemon/systemd_notify.h"
 #include "daemon/tier_core.h"
 #include "daemon/tier_service.h"
@@ -155,10 +156,14 @@ ABSL_FLAG(uint64_t, device_pool_row_bytes, 64ull << 20,
 namespace kvtier::daemon {
 namespace {
 
-absl::Status PrepareSocket(const std::string& path, gid_t group) {
+// Makes the folder of socket `path` (named `what` in errors) trusted,
+// removes a stale socket there and returns where to bind it: out of reach
+// until StagedSocket::Publish gives it its group and mode.
+absl::StatusOr<StagedSocket> PrepareSocket(const std::string& path, gid_t group,
+                                           absl::string_view what) {
   if (path.size() >= sizeof(sockaddr_un::sun_path)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--socket: path longer than ",
+        absl::StrCat(what, ": path longer than ",
                      sizeof(sockaddr_un::sun_path) - 1, " bytes"));
   }
   std::error_code ec;
@@ -170,27 +175,27 @@ absl::Status PrepareSocket(const std::string& path, gid_t group) {
   }
   // The folder must be the daemon's and nobody else's to write
   // (shm/trusted_path.h): clients trust the socket they find there.
-  if (absl::Status s = shm::EnsureTrustedDir(dir.string(), 0750, "--socket");
+  if (absl::Status s = shm::EnsureTrustedDir(dir.string(), 0750, what);
       !s.ok()) {
     return s;
   }
   if (!existed && group != static_cast<gid_t>(-1) &&
       ::chown(dir.c_str(), static_cast<uid_t>(-1), group) != 0) {
     return absl::FailedPreconditionError(
-        absl::StrCat("--socket: cannot give ", dir.string(), " to group ",
-                     group, ": ", strerror(errno)));
+        absl::StrCat(what, ": cannot give ", dir.string(), " to group ", group,
+                     ": ", strerror(errno)));
   }
-  // A socket file left by a daemon that died is removed; a live daemon's
-  // socket would make bind fail, which gRPC reports.
+  // A socket file left by a daemon that died is removed (a live daemon's
+  // too: one kvtierd per socket path).
   struct stat st;
   if (::lstat(path.c_str(), &st) == 0) {
     if (!S_ISSOCK(st.st_mode)) {
       return absl::FailedPreconditionError(
-          absl::StrCat("--socket: ", path, " exists and is not a socket"));
+          absl::StrCat(what, ": ", path, " exists and is not a socket"));
     }
     ::unlink(path.c_str());
   }
-  return absl::OkStatus();
+  return StagedSocket::Create(path, what);
 }
 
 v1::Layout DemoLayout() {
@@ -468,8 +473,12 @@ int Main(int argc, char** argv) {
 
   std::string socket = absl::GetFlag(FLAGS_socket);
   if (socket.empty()) socket = DefaultDaemonSocket();
-  if (absl::Status s = PrepareSocket(socket, group); !s.ok()) {
-    SPDLOG_CRITICAL("{}", s.ToString());
+  // Each gRPC socket is bound out of reach and appears at its path only
+  // with its group and mode set (daemon/socket_staging.h).
+  absl::StatusOr<StagedSocket> staged =
+      PrepareSocket(socket, group, "--socket");
+  if (!staged.ok()) {
+    SPDLOG_CRITICAL("{}", staged.status().ToString());
     return 1;
   }
 
@@ -485,7 +494,8 @@ int Main(int argc, char** argv) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
+  builder.AddListeningPort("unix:" + staged->bind_path(),
+                           grpc::InsecureServerCredentials());
   builder.RegisterService(&service);
   ApplyServerLimits(&builder, limits);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -494,13 +504,8 @@ int Main(int argc, char** argv) {
                     socket);
     return 1;
   }
-  // Until these calls the socket has the daemon's group and the umask's
-  // mode (0755 under the usual 022: nobody else may connect).
-  if ((group != static_cast<gid_t>(-1) &&
-       ::chown(socket.c_str(), static_cast<uid_t>(-1), group) != 0) ||
-      ::chmod(socket.c_str(), 0660) != 0) {
-    SPDLOG_CRITICAL("--socket {}: setting group and mode 0660: {}", socket,
-                    strerror(errno));
+  if (absl::Status s = staged->Publish(group, 0660); !s.ok()) {
+    SPDLOG_CRITICAL("{}", s.ToString());
     server->Shutdown();
     fast.Stop();
     return 1;
@@ -525,10 +530,12 @@ int Main(int argc, char** argv) {
       }
       admin_group = *gid;
     }
-    absl::Status prepared = PrepareSocket(admin_socket, admin_group);
+    absl::StatusOr<StagedSocket> admin_staged =
+        PrepareSocket(admin_socket, admin_group, "--admin_socket");
+    absl::Status prepared = admin_staged.status();
     if (prepared.ok()) {
       grpc::ServerBuilder admin_builder;
-      admin_builder.AddListeningPort("unix:" + admin_socket,
+      admin_builder.AddListeningPort("unix:" + admin_staged->bind_path(),
                                      grpc::InsecureServerCredentials());
       admin_builder.RegisterService(&admin_service);
       admin_server = admin_builder.BuildAndStart();
@@ -537,15 +544,9 @@ int Main(int argc, char** argv) {
             absl::StrCat("cannot listen on unix:", admin_socket));
       }
     }
-    if (prepared.ok() &&
-        ((admin_group != static_cast<gid_t>(-1) &&
-          ::chown(admin_socket.c_str(), static_cast<uid_t>(-1), admin_group) !=
-              0) ||
-         ::chmod(admin_socket.c_str(),
-                 admin_group != static_cast<gid_t>(-1) ? 0660 : 0600) != 0)) {
-      prepared = absl::FailedPreconditionError(
-          absl::StrCat("--admin_socket ", admin_socket,
-                       ": setting its group and mode: ", strerror(errno)));
+    if (prepared.ok()) {
+      prepared = admin_staged->Publish(
+          admin_group, admin_group != static_cast<gid_t>(-1) ? 0660 : 0600);
     }
     if (!prepared.ok()) {
       SPDLOG_CRITICAL("{}", prepared.ToString());

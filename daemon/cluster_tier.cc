@@ -236,16 +236,26 @@ uint32_t ClusterTier::Probe(
 }
 
 std::vector<absl::StatusOr<absl::string_view>> ClusterTier::Fetch(
-    absl::Span<const std::string> keys, ValueArena* arena) {
+    absl::Span<const std::string> keys, uint64_t max_value_bytes,
+    ValueArena* arena) {
   const absl::Time start = absl::Now();
   std::vector<absl::StatusOr<absl::string_view>> values =
-      redis_->Get(keys, start + options_.fetch_deadline, arena);
-  for (const auto& v : values) {
+      redis_->Get(keys, start + options_.fetch_deadline, arena,
+                  /*owned=*/nullptr, max_value_bytes);
+  for (size_t i = 0; i < values.size(); ++i) {
+    const absl::StatusOr<absl::string_view>& v = values[i];
     if (v.ok()) {
       fetched_values_.fetch_add(1);
       fetched_bytes_.fetch_add(v->size());
     } else if (absl::IsNotFound(v.status())) {
       fetch_misses_.fetch_add(1);
+    } else if (absl::IsOutOfRange(v.status())) {
+      // Larger than any value of its key's layout (the key names the
+      // layout): not one this tier wrote. It fails the layout check
+      // before it is read, so it counts as a rejected value.
+      rejected_.fetch_add(1);
+      SPDLOG_WARN("cluster tier: value of key {} refused: {}", keys[i],
+                  std::string(v.status().message()));
     } else {
       fetch_errors_.fetch_add(1);
     }

@@ -158,10 +158,14 @@ class ClusterTier {
       uint32_t pages, uint32_t ranks,
       const std::function<std::string(uint32_t page, uint32_t rank)>& key_of);
   // GETs of `keys`, bounded by fetch_deadline: result[i] the value (read
-  // straight into `arena`, valid until its next Reset), NOT_FOUND, or the
-  // error of its node.
+  // straight into `arena`, valid until its next Reset), NOT_FOUND, the
+  // error of its node, or OUT_OF_RANGE for a value over `max_value_bytes`
+  // (the largest value the caller expects: ClusterValueBytes with a
+  // snapshot; at most RespReader::kMaxBulk), which is refused before
+  // anything is allocated for it, logged and counted as a rejected value.
   std::vector<absl::StatusOr<absl::string_view>> Fetch(
-      absl::Span<const std::string> keys, ValueArena* arena);
+      absl::Span<const std::string> keys, uint64_t max_value_bytes,
+      ValueArena* arena);
   // Counts a fetched value that failed its checks.
   void CountRejected() { rejected_.fetch_add(1); }
 

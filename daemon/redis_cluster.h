@@ -112,10 +112,13 @@ class RedisCluster {
   // The same GETs, each value read from the socket straight into `arena`
   // (views valid until its next Reset): no copy but the kernel's. With
   // `owned` instead of an arena, values go to (*owned)[i] and result[i]
-  // views it.
+  // views it. A value over `max_value_bytes` (at most RespReader::kMaxBulk)
+  // is OUT_OF_RANGE, naming its size and node: refused before anything is
+  // allocated for it, and drained off its connection, which stays usable.
   std::vector<absl::StatusOr<absl::string_view>> Get(
       absl::Span<const std::string> keys, absl::Time deadline,
-      ValueArena* arena, std::vector<std::string>* owned = nullptr);
+      ValueArena* arena, std::vector<std::string>* owned = nullptr,
+      size_t max_value_bytes = RespReader::kMaxBulk);
   // Pipelined EXISTS, same contract: result[i] true/false or an error.
   std::vector<absl::StatusOr<bool>> Exists(absl::Span<const std::string> keys,
                                            absl::Time deadline);
@@ -297,11 +300,12 @@ class RedisCluster {
 
   // Pipelines (redis_cluster_pipeline.cc): runs every request, following
   // one redirection each; leaves each request with a reply or a status.
-  // Bulk strings go to `arena` (null: into their replies).
+  // Bulk strings go to `arena` (null: into their replies); one over
+  // `max_bulk` bytes is drained, its reply RespReply::Type::kTooLarge.
   void Execute(std::vector<Request>& requests, absl::Time deadline,
-               ValueArena* arena);
+               ValueArena* arena, size_t max_bulk = RespReader::kMaxBulk);
   void RunRound(std::vector<Batch>& batches, std::vector<Request>& requests,
-                absl::Time deadline, ValueArena* arena);
+                absl::Time deadline, ValueArena* arena, size_t max_bulk);
   void ReadReplies(std::vector<Batch>& batches, std::vector<Request>& requests,
                    absl::Time deadline);
   void FailBatch(Batch& batch, std::vector<Request>& requests,

@@ -76,7 +76,7 @@ int PollMillis(absl::Duration d) {
 }  // namespace
 
 void RedisCluster::Execute(std::vector<Request>& requests, absl::Time deadline,
-                           ValueArena* arena) {
+                           ValueArena* arena, size_t max_bulk) {
   std::vector<size_t> todo(requests.size());
   std::iota(todo.begin(), todo.end(), 0);
   bool refresh_now = false;
@@ -116,7 +116,7 @@ void RedisCluster::Execute(std::vector<Request>& requests, absl::Time deadline,
       it->items.push_back(i);
     }
     if (unserved) RequestRefresh(RefreshReason::kNodeDown);
-    RunRound(batches, requests, deadline, arena);
+    RunRound(batches, requests, deadline, arena, max_bulk);
 
     std::vector<size_t> retry;
     refresh_now = false;
@@ -166,7 +166,7 @@ void RedisCluster::FailBatch(Batch& batch, std::vector<Request>& requests,
 
 void RedisCluster::RunRound(std::vector<Batch>& batches,
                             std::vector<Request>& requests, absl::Time deadline,
-                            ValueArena* arena) {
+                            ValueArena* arena, size_t max_bulk) {
   // Connect and queue every node's commands. A call holds one connection
   // per node while it waits for the next node's, so every call takes them
   // in the same order (by address): no two calls wait on each other.
@@ -226,7 +226,7 @@ void RedisCluster::RunRound(std::vector<Batch>& batches,
           false);
       continue;
     }
-    batch.reader = std::make_unique<RespReader>(arena);
+    batch.reader = std::make_unique<RespReader>(arena, max_bulk);
     batch.active = true;
   }
 
@@ -356,14 +356,14 @@ absl::Status NoReply(const absl::Status& status) {
 
 std::vector<absl::StatusOr<absl::string_view>> RedisCluster::Get(
     absl::Span<const std::string> keys, absl::Time deadline, ValueArena* arena,
-    std::vector<std::string>* owned) {
+    std::vector<std::string>* owned, size_t max_value_bytes) {
   std::vector<Request> requests(keys.size());
   for (size_t i = 0; i < keys.size(); ++i) {
     requests[i].slot = RedisKeySlot(keys[i]);
     requests[i].argv = {"GET", keys[i]};
     requests[i].argc = 2;
   }
-  Execute(requests, deadline, arena);
+  Execute(requests, deadline, arena, max_value_bytes);
   std::vector<absl::StatusOr<absl::string_view>> out;
   out.reserve(keys.size());
   if (owned != nullptr) owned->assign(keys.size(), std::string());
@@ -388,6 +388,12 @@ std::vector<absl::StatusOr<absl::string_view>> RedisCluster::Get(
         break;
       case RespReply::Type::kError:
         out.push_back(ErrorReplyStatus(r.served_by->address, reply.value));
+        break;
+      case RespReply::Type::kTooLarge:
+        out.push_back(absl::OutOfRangeError(
+            absl::StrCat("redis ", r.served_by->address, ": a value of ",
+                         reply.integer, " bytes, over the ", max_value_bytes,
+                         " expected: refused, not stored")));
         break;
       default:
         out.push_back(absl::InternalError(

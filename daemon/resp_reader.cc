@@ -5,6 +5,7 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -21,6 +22,9 @@ constexpr size_t kBufferBytes = 64 << 10;
 static_assert(kBufferBytes > RespReader::kMaxLine + 2);
 
 constexpr size_t kHugePage = 2 << 20;
+
+// ValueArena::TotalAllocatedBytes.
+std::atomic<uint64_t> arena_allocated_bytes{0};
 
 // A RESP integer: an optional '-' and 1 to 18 digits, nothing else.
 bool ParseInteger(absl::string_view s, int64_t* out) {
@@ -57,6 +61,11 @@ void ValueArena::Reset(size_t bytes) {
   (void)madvise(p, size, MADV_HUGEPAGE);  // Advice: EINVAL without THP.
   block_ = static_cast<char*>(p);
   capacity_ = size;
+  arena_allocated_bytes.fetch_add(size, std::memory_order_relaxed);
+}
+
+uint64_t ValueArena::TotalAllocatedBytes() {
+  return arena_allocated_bytes.load(std::memory_order_relaxed);
 }
 
 char* ValueArena::Allocate(size_t size) {
@@ -68,6 +77,7 @@ char* ValueArena::Allocate(size_t size) {
   }
   extra_.emplace_back(new char[std::max<size_t>(size, 1)]);
   overflow_bytes_ += size;
+  arena_allocated_bytes.fetch_add(size, std::memory_order_relaxed);
   return extra_.back().get();
 }
 
@@ -90,8 +100,10 @@ std::string RespReply::TakeString() && {
   return std::string(value);
 }
 
-RespReader::RespReader(ValueArena* arena)
-    : arena_(arena), buffer_(kBufferBytes) {}
+RespReader::RespReader(ValueArena* arena, size_t max_bulk)
+    : arena_(arena),
+      max_bulk_(std::min(max_bulk, kMaxBulk)),
+      buffer_(kBufferBytes) {}
 
 bool RespReader::Next(RespReply* reply) {
   if (done_.empty()) return false;
@@ -115,8 +127,10 @@ absl::Status RespReader::ReadFrom(int fd) {
     begin_ = 0;
   }
   // Parse() leaves no buffered byte while a body is due: the socket's next
-  // bytes are the body's, then whatever follows it.
-  const size_t body_room = in_body_ ? body_size_ - body_got_ : 0;
+  // bytes are the body's, then whatever follows it. A body being dropped
+  // is read into the buffer, which Parse() then empties.
+  const size_t body_room =
+      in_body_ && body_data_ != nullptr ? body_size_ - body_got_ : 0;
   iovec iov[2];
   int count = 0;
   if (body_room > 0) iov[count++] = {body_data_ + body_got_, body_room};
@@ -161,7 +175,9 @@ absl::Status RespReader::Parse() {
     if (in_body_) {
       const size_t take = std::min(end_ - begin_, body_size_ - body_got_);
       if (take > 0) {
-        std::memcpy(body_data_ + body_got_, buffer_.data() + begin_, take);
+        if (body_data_ != nullptr) {
+          std::memcpy(body_data_ + body_got_, buffer_.data() + begin_, take);
+        }
         begin_ += take;
         body_got_ += take;
       }
@@ -237,6 +253,14 @@ absl::Status RespReader::ParseLine(absl::string_view line) {
       body_.type = RespReply::Type::kString;
       body_size_ = static_cast<size_t>(size);
       body_got_ = 0;
+      in_body_ = true;
+      if (body_size_ > max_bulk_) {
+        // Refused before anything is allocated for it: drained.
+        body_.type = RespReply::Type::kTooLarge;
+        body_.integer = size;
+        body_data_ = nullptr;
+        return absl::OkStatus();
+      }
       if (arena_ != nullptr) {
         body_data_ = arena_->Allocate(body_size_);
         body_.value = absl::string_view(body_data_, body_size_);
@@ -245,7 +269,6 @@ absl::Status RespReader::ParseLine(absl::string_view line) {
         body_data_ = body_.owned.data();
         body_.value = body_.owned;
       }
-      in_body_ = true;
       return absl::OkStatus();
     }
     default:

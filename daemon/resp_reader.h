@@ -16,7 +16,12 @@
 // connection must then be closed. Lines (all but bulk bodies) are at most
 // kMaxLine bytes and bulk strings at most kMaxBulk (Redis's own
 // proto-max-bulk-len default): a server cannot make the reader buffer
-// more than that.
+// more than that. A reader may be given a smaller cap, the largest value
+// its caller expects (a prefetch: the size of a value of its layout): a
+// bulk string over it is refused before anything is allocated for it,
+// and drained, not stored (its bytes still cross the network, within the
+// caller's deadline), so that the connection stays in step and a value
+// planted in Redis costs no memory.
 //
 // Thread-safety: RespReader and ValueArena are not thread-safe; one thread
 // reads a connection at a time.
@@ -58,6 +63,10 @@ class ValueArena {
   char* Allocate(size_t size);
   // Bytes handed out since the last Reset that did not fit the main block.
   size_t overflow_bytes() const { return overflow_bytes_; }
+  // Bytes every ValueArena of the process has mapped (main blocks) or
+  // allocated (blocks of their own) so far: a counter that only grows, so
+  // that a test can see that a value was never stored.
+  static uint64_t TotalAllocatedBytes();
 
  private:
   char* block_ = nullptr;  // mmap'd, capacity_ bytes
@@ -67,9 +76,10 @@ class ValueArena {
 };
 
 struct RespReply {
-  enum class Type { kStatus, kError, kInteger, kNil, kString };
+  // kTooLarge: a bulk string over the reader's max_bulk, drained unstored.
+  enum class Type { kStatus, kError, kInteger, kNil, kString, kTooLarge };
   Type type = Type::kNil;
-  int64_t integer = 0;      // kInteger
+  int64_t integer = 0;      // kInteger; kTooLarge: the bulk string's size
   absl::string_view value;  // kStatus, kError: the line; kString: the bytes
   std::string owned;        // what `value` views when not in an arena
 
@@ -86,8 +96,9 @@ class RespReader {
   static constexpr size_t kMaxBulk = 512ull << 20;
 
   // Bulk strings go to `arena` (outlives the reader), or into their reply's
-  // own string when it is null.
-  explicit RespReader(ValueArena* arena);
+  // own string when it is null; one over `max_bulk` bytes (at most
+  // kMaxBulk: a larger cap counts as that) is a kTooLarge reply instead.
+  explicit RespReader(ValueArena* arena, size_t max_bulk = kMaxBulk);
   RespReader(const RespReader&) = delete;
   RespReader& operator=(const RespReader&) = delete;
 
@@ -109,9 +120,11 @@ class RespReader {
   absl::Status ParseLine(absl::string_view line);
 
   ValueArena* const arena_;
+  const size_t max_bulk_;
   std::vector<char> buffer_;
   size_t begin_ = 0, end_ = 0;  // Unparsed bytes: buffer_[begin_, end_).
-  // The bulk string being read: its reply, where it goes, how much came.
+  // The bulk string being read: its reply, where it goes (nullptr: its
+  // bytes are dropped, as one over max_bulk_'s are), how much came.
   bool in_body_ = false;
   RespReply body_;
   char* body_data_ = nullptr;

@@ -114,6 +114,101 @@ TEST(RespReaderTest, IdleOnlyWithNothingHeld) {
   EXPECT_TRUE(reader.idle());
 }
 
+// A bulk string over the reader's cap: refused before anything is
+// allocated for it, drained (the replies after it still parse, the reader
+// ends idle), and reported with its size.
+TEST(RespReaderTest, BulkOverTheCapIsDrainedNotStored) {
+  const std::string big(5000, 'x');
+  const std::string stream = Bulk("fits") + Bulk(big) + ":7\r\n" + Bulk("ok");
+  for (size_t step : {size_t{1}, size_t{13}, size_t{4096}, stream.size()}) {
+    SCOPED_TRACE(step);
+    ValueArena arena;
+    arena.Reset(1);
+    for (ValueArena* use : {&arena, static_cast<ValueArena*>(nullptr)}) {
+      arena.Reset(1);
+      const uint64_t allocated = ValueArena::TotalAllocatedBytes();
+      RespReader reader(use, /*max_bulk=*/1000);
+      for (size_t at = 0; at < stream.size(); at += step) {
+        ASSERT_TRUE(
+            reader.Feed(absl::string_view(stream).substr(at, step)).ok());
+      }
+      const std::vector<RespReply> r = Drain(reader);
+      ASSERT_EQ(r.size(), 4u);
+      EXPECT_EQ(r[0].value, "fits");
+      EXPECT_EQ(r[1].type, Type::kTooLarge);
+      EXPECT_EQ(r[1].integer, 5000);
+      EXPECT_TRUE(r[1].value.empty());
+      EXPECT_TRUE(r[1].owned.empty());
+      EXPECT_EQ(r[2].integer, 7);
+      EXPECT_EQ(r[3].value, "ok");
+      EXPECT_EQ(arena.overflow_bytes(), 0u);
+      EXPECT_EQ(ValueArena::TotalAllocatedBytes(), allocated);
+      EXPECT_TRUE(reader.idle());
+    }
+  }
+  // At the cap exactly: stored.
+  RespReader reader(nullptr, /*max_bulk=*/4);
+  ASSERT_TRUE(reader.Feed(Bulk("four") + Bulk("fiver")).ok());
+  const std::vector<RespReply> r = Drain(reader);
+  ASSERT_EQ(r.size(), 2u);
+  EXPECT_EQ(r[0].value, "four");
+  EXPECT_EQ(r[1].type, Type::kTooLarge);
+}
+
+// Off a socket, a 512 MiB header (the protocol's limit) over a small cap:
+// nothing is allocated when the header is read, and the body's bytes are
+// read into the reader's own buffer and dropped (the reader never asks the
+// socket for more than that buffer at once).
+TEST(RespReaderTest, HugeBulkHeaderOverTheCapAllocatesNothing) {
+  int fds[2];
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  const size_t body = 8 << 20;
+  ValueArena arena;
+  arena.Reset(1);
+  const uint64_t allocated = ValueArena::TotalAllocatedBytes();
+  RespReader reader(&arena, /*max_bulk=*/1 << 20);
+  // The header of the largest value the protocol allows, and a bit of it.
+  const std::string header =
+      "$" + std::to_string(RespReader::kMaxBulk) + "\r\n" + "abc";
+  ASSERT_EQ(write(fds[1], header.data(), header.size()),
+            static_cast<ssize_t>(header.size()));
+  ASSERT_TRUE(reader.ReadFrom(fds[0]).ok());
+  EXPECT_EQ(ValueArena::TotalAllocatedBytes(), allocated);
+  EXPECT_FALSE(reader.idle());
+  RespReply none;
+  EXPECT_FALSE(reader.Next(&none));
+  close(fds[0]);
+  close(fds[1]);
+
+  // A whole over-cap value, then a reply, off a socket.
+  ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);
+  const std::string stream = Bulk(std::string(body, 'z')) + ":9\r\n";
+  std::thread writer([&] {
+    for (size_t at = 0; at < stream.size();) {
+      const ssize_t n = write(fds[1], stream.data() + at,
+                              std::min<size_t>(stream.size() - at, 100000));
+      ASSERT_GT(n, 0);
+      at += static_cast<size_t>(n);
+    }
+    close(fds[1]);
+  });
+  RespReader drained(&arena, /*max_bulk=*/1 << 20);
+  std::vector<RespReply> got;
+  absl::Status status;
+  while ((status = drained.ReadFrom(fds[0])).ok()) {
+    for (RespReply& r : Drain(drained)) got.push_back(std::move(r));
+  }
+  writer.join();
+  close(fds[0]);
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);  // EOF.
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].type, Type::kTooLarge);
+  EXPECT_EQ(got[0].integer, static_cast<int64_t>(body));
+  EXPECT_EQ(got[1].integer, 9);
+  EXPECT_TRUE(drained.idle());
+  EXPECT_EQ(ValueArena::TotalAllocatedBytes(), allocated);
+}
+
 TEST(RespReaderTest, ReadsBigValuesOffASocket) {
   int fds[2];
   ASSERT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, fds), 0);

@@ -4,7 +4,8 @@
 // What must hold: lookups degrade to the pages the live masters hold (a
 // miss, never an error or a stall), spills that cannot be written are
 // counted and never block a commit, and the tier comes back by itself.
-// Nothing here asserts a duration.
+// And a value planted in Redis, far larger than any the layout makes, is a
+// miss that costs the daemon no memory. Nothing here asserts a duration.
 //
 // Thread-safety: single-threaded tests (the cores run their own threads).
 #include <string>
@@ -12,6 +13,7 @@
 
 #include "daemon/cluster_value.h"
 #include "daemon/redis_cluster.h"
+#include "daemon/resp_reader.h"
 #include "daemon/tier_cluster_test_util.h"
 #include "gtest/gtest.h"
 
@@ -176,6 +178,62 @@ TEST_F(TierClusterFaultTest, AFailoverKeepsLookupsAndPrefetchesGoing) {
   EXPECT_EQ(b.WaitPrefetched(hashes), 24u);
   b.ExpectPages(4, hashes, 24);
   EXPECT_TRUE(b.core().CheckInvariants().ok());
+}
+
+// 64 MiB planted under the key of page 5 (anyone who can write to Redis,
+// or a bug, can): the prefetch refuses it from its header, before
+// allocating anything for it, so the daemon's memory does not grow by it;
+// the pages before it are fetched, it is a miss, and it is counted as a
+// rejected value.
+TEST_F(TierClusterFaultTest, AnOversizedValueIsAMissNotAnAllocation) {
+  KVTIER_REDIS_OR_SKIP();
+  Start(/*replicas=*/0);
+  ClusterNode a(*redis_, true);
+  ClusterNode b(*redis_, true);
+  const v1::Layout layout = AttentionLayout();
+  a.Attach("planted", layout);
+  b.Attach("planted", layout);
+  const std::string hashes = RandomHashes(12, 32, 4001);
+  a.WritePages(1, "", hashes, 0);
+  a.WaitSpilled(12);
+  constexpr uint32_t kPlanted = 5;
+  constexpr size_t kPlantedBytes = 64 << 20;
+  {
+    RedisClusterOptions o;
+    auto seeds = ParseRedisSeeds(redis_->Seeds());
+    ASSERT_TRUE(seeds.ok()) << seeds.status();
+    o.seeds = *seeds;
+    o.user = redis_->user();
+    o.password = redis_->password();
+    auto client = RedisCluster::Create(o);
+    ASSERT_TRUE(client.ok()) << client.status();
+    const std::string key = ClusterKeyOf("planted", layout, hashes, kPlanted);
+    const std::string value(kPlantedBytes, 'p');
+    const std::vector<absl::Status> set = (*client)->Set(
+        {{key, value}}, absl::ZeroDuration(), absl::Now() + absl::Seconds(30));
+    ASSERT_TRUE(set[0].ok()) << set[0];
+  }
+  EXPECT_EQ(b.Lookup(hashes, /*remote=*/true).remote_pages(), 12u);
+  const uint64_t allocated = ValueArena::TotalAllocatedBytes();
+  const ClusterCounters before = b.cluster().Counters();
+  ASSERT_TRUE(b.Prefetch(hashes).ok());
+  EXPECT_EQ(b.WaitPrefetched(hashes), kPlanted);
+  b.ExpectPages(1, hashes, kPlanted);
+  // The slices' arenas (a few MiB), never the planted value.
+  const uint64_t grown = ValueArena::TotalAllocatedBytes() - allocated;
+  EXPECT_LT(grown, kPlantedBytes / 4)
+      << "the prefetch's arenas grew by " << grown << " bytes";
+  const ClusterCounters after = b.cluster().Counters();
+  EXPECT_EQ(after.rejected_values, before.rejected_values + 1);
+  EXPECT_EQ(after.fetch_errors, before.fetch_errors);
+  EXPECT_TRUE(b.core().CheckInvariants().ok());
+  // The connection that drained it is still good: the next fetch works.
+  const std::string more = RandomHashes(6, 32, 4002);
+  a.WritePages(2, "", more, 0);
+  a.WaitSpilled(18);
+  ASSERT_TRUE(b.Prefetch(more).ok());
+  EXPECT_EQ(b.WaitPrefetched(more), 6u);
+  b.ExpectPages(2, more, 6);
 }
 
 }  // namespace

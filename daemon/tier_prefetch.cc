@@ -69,8 +69,12 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
   const uint32_t ranks = ns.stored_ranks;
   const size_t banks = ns.layout.page_banks_size();
   uint64_t page_bytes = 0;
+  uint64_t max_value_bytes = 0;  // A larger value is refused unread.
   for (uint32_t r = 0; r < ranks; ++r) {
-    page_bytes += ClusterValueBytes(ClusterShapeOf(ns, keys[from], r), true);
+    const uint64_t value_bytes =
+        ClusterValueBytes(ClusterShapeOf(ns, keys[from], r), true);
+    page_bytes += value_bytes;
+    max_value_bytes = std::max(max_value_bytes, value_bytes);
   }
   const uint32_t slice_pages = static_cast<uint32_t>(std::max<uint64_t>(
       1, std::min<uint64_t>(cluster->options().prefetch_slice_pages,
@@ -124,8 +128,9 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
     }
     f.values =
         std::async(std::launch::async,
-                   [cluster, names = std::move(names), arena = f.arena.get()] {
-                     return cluster->Fetch(names, arena);
+                   [cluster, names = std::move(names), max_value_bytes,
+                    arena = f.arena.get()] {
+                     return cluster->Fetch(names, max_value_bytes, arena);
                    });
     return f;
   };

@@ -4,9 +4,9 @@
 //
 // The first byte picks how the rest arrives: whole, or cut into chunks of
 // sizes the next bytes give, through Feed; or written to a socket pair and
-// read with ReadFrom (the readv into a body, then the buffer); and whether
+// read with ReadFrom (the readv into a body, then the buffer); whether
 // bulk strings go to a small ValueArena (most overflow) or into their
-// replies.
+// replies; and whether those over 16 bytes are refused (drained).
 //
 // Oracles, beyond ASan/UBSan: every reply's view lies in its own string or
 // is of the size its header announced; a reader with a protocol error stays
@@ -51,8 +51,8 @@ void Drain(RespReader& reader, Outcome& out) {
 }
 
 Outcome ViaFeed(const uint8_t* data, size_t size, bool chunked,
-                ValueArena* arena) {
-  RespReader reader(arena);
+                ValueArena* arena, size_t max_bulk) {
+  RespReader reader(arena, max_bulk);
   Outcome out;
   size_t at = 0;
   while (at < size && !out.failed) {
@@ -71,7 +71,8 @@ Outcome ViaFeed(const uint8_t* data, size_t size, bool chunked,
   return out;
 }
 
-Outcome ViaSocket(const uint8_t* data, size_t size, ValueArena* arena) {
+Outcome ViaSocket(const uint8_t* data, size_t size, ValueArena* arena,
+                  size_t max_bulk) {
   int fds[2];
   if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) std::abort();
   // Small inputs fit the socket's buffer: write all, close, read to EOF.
@@ -82,7 +83,7 @@ Outcome ViaSocket(const uint8_t* data, size_t size, ValueArena* arena) {
     at += static_cast<size_t>(n);
   }
   close(fds[1]);
-  RespReader reader(arena);
+  RespReader reader(arena, max_bulk);
   Outcome out;
   for (;;) {
     const absl::Status s = reader.ReadFrom(fds[0]);
@@ -106,10 +107,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   ValueArena arena;
   arena.Reset(1);  // One huge page: larger inputs' bulk strings overflow.
   ValueArena* use = (mode & 4) != 0 ? &arena : nullptr;
-  const Outcome whole = ViaFeed(data, size, false, use);
+  const size_t max_bulk = (mode & 8) != 0 ? 16 : RespReader::kMaxBulk;
+  const Outcome whole = ViaFeed(data, size, false, use, max_bulk);
   if ((mode & 1) != 0) {
     arena.Reset(1);
-    const Outcome chunked = ViaFeed(data, size, true, use);
+    const Outcome chunked = ViaFeed(data, size, true, use, max_bulk);
     // Up to the first error, the same replies however the bytes came.
     if (!whole.failed && !chunked.failed && whole.replies != chunked.replies) {
       std::abort();
@@ -117,7 +119,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if ((mode & 2) != 0) {
     arena.Reset(1);
-    const Outcome socket = ViaSocket(data, size, use);
+    const Outcome socket = ViaSocket(data, size, use, max_bulk);
     if (!whole.failed && !socket.failed && whole.replies != socket.replies) {
       std::abort();
     }

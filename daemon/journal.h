@@ -50,23 +50,34 @@
 // multiple of the live state.
 //
 // How a replay ends, when not at the end of the file:
-//  - A torn tail, what a write(2) cut by a crash leaves: the last record is
-//    incomplete (its frame or its length runs past the end of the file), or
-//    its CRC does not match and it ends exactly at the end of the file (or
-//    only zero bytes follow it), or every byte from its start to the end is
-//    zero (a tail the file system extended but never wrote). What precedes
-//    it is a consistent state: it is replayed, and JournalContents::stopped
-//    says where it ended. (A length field corrupted so that it runs past the
-//    end reads as a torn tail too: framing cannot tell them apart.)
-//  - Corruption: a record whose CRC does not match (or whose length is 0 or
-//    over the limit) followed by more, non-zero bytes of the file, or a
-//    record whose CRC matches but whose fields are bad (a count that cannot
-//    fit in its payload, a row out of range, an unknown type), wherever it
-//    is, the last record included: no crash writes either.
-//    JournalContents::corrupt is set and the records before it are still
-//    returned, but a corrupt journal cannot be vouched for: a record lost in
-//    the middle may have handed out rows that replay would serve, so the
-//    namespace must not be served from it (TierCore::Recover does not).
+//  - A torn tail, what a write(2) cut by a crash leaves (a prefix of the
+//    last record): that record cannot be whole, since fewer bytes than its
+//    frame are left or its length runs past the end of the file; or every
+//    byte from its start to the end is zero (a tail the file system
+//    extended but never wrote). What precedes it is a consistent state: it
+//    is replayed, and JournalContents::stopped says where it ended.
+//  - Corruption: a record wholly inside the file whose CRC does not match,
+//    the last one included and whatever follows it (zeros too): a cut
+//    record is short of its length, so a record that is all there was
+//    damaged after it was written (a flipped bit, or a length field that
+//    now frames other bytes); a length of 0 or over the limit; or a record
+//    whose CRC matches but whose fields are bad (a count that cannot fit in
+//    its payload, a row out of range, an unknown type), wherever it is: no
+//    crash writes any of these. JournalContents::corrupt is set and the
+//    records before it are still returned, but a corrupt journal cannot be
+//    vouched for: a record lost in the middle may have handed out rows that
+//    replay would serve, so the namespace must not be served from it
+//    (TierCore::Recover does not).
+// What stays ambiguous: a length field damaged so that its record runs past
+// the end of the file (possible only within kMaxRecordBytes, 256 MiB, of
+// the end) reads as a torn tail, since with no second copy of the length
+// framing cannot tell it from a cut record. It is treated as one: the
+// records after it are lost as a torn tail's would be, stopped names its
+// offset, and recovery counts the journal as torn and warns. Conversely, a
+// last record that a file system kept only in part, zeros standing for the
+// rest of it, reads as corrupt unless the file ends before its length: only
+// a machine crash leaves one, after which banks in /dev/shm are gone anyway
+// (--corrupt_journal=empty then loses nothing).
 // A header (first record) that cannot be read, torn or corrupt, is an error
 // (DATA_LOSS naming the field). No count read from the file sizes an
 // allocation before it is checked against the bytes that must hold it.

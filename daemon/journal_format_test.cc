@@ -1,8 +1,9 @@
 // Tests of the journal's record format as a reader meets it (journal_format.h,
 // journal_read.cc): records crafted byte by byte as the format documents
-// them, so that torn tails (a flipped CRC at the end, a cut record, a
-// zero-filled tail) read as torn, bad fields and mid-file damage as corrupt,
-// and absurd counts as errors that size no allocation.
+// them, so that torn tails (a cut record, a zero-filled tail) read as torn,
+// bad fields and damage (a flipped bit in the last record or a length
+// field mid-file included) as corrupt, and absurd counts as errors that
+// size no allocation.
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -101,29 +102,95 @@ void FlipByte(const std::string& path, uint64_t offset, uint8_t mask = 0x5a) {
   f.put(static_cast<char>(c ^ mask));
 }
 
-TEST_F(JournalTest, FlippedCrcOfTheLastRecordIsATornTail) {
+// Overwrites the u32 at `offset` of `path` with `v`; returns what was there.
+uint32_t PutU32At(const std::string& path, uint64_t offset, uint32_t v) {
+  std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+  uint32_t old = 0;
+  f.seekg(static_cast<std::streamoff>(offset));
+  f.read(reinterpret_cast<char*>(&old), 4);
+  f.seekp(static_cast<std::streamoff>(offset));
+  f.write(reinterpret_cast<const char*>(&v), 4);
+  return old;
+}
+
+// A torn write leaves the last record short of its length; a last record
+// that is all there but fails its CRC was damaged after it was written.
+TEST_F(JournalTest, FlippedLastRecordIsCorruptNotTorn) {
   Journaled j(path_, {});
   auto r = j.Reserve(0, 3);
   ASSERT_TRUE(r.ok());
   ASSERT_TRUE(j.Commit(0, nullptr, Chain(1, 3), *r).ok());
   const uint64_t before = j.journal().bytes();
   ASSERT_TRUE(j.Drop(Key(1, 2)).ok());
-  FlipByte(path_, before + 4);  // The drop's CRC.
-  auto read = ReadJournal(path_);
+  const uint64_t whole = j.journal().bytes();
+  // Its CRC, its type, its payload's first and last byte.
+  for (uint64_t at : {before + 4, before + 8, before + 9, whole - 1}) {
+    SCOPED_TRACE(at);
+    FlipByte(path_, at);
+    auto read = ReadJournal(path_);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_TRUE(read->corrupt) << read->stopped;
+    EXPECT_THAT(read->stopped, HasSubstr("corrupt"));
+    EXPECT_THAT(read->stopped, HasSubstr("CRC mismatch"));
+    EXPECT_THAT(read->stopped, HasSubstr(absl::StrCat("offset ", before)));
+    EXPECT_EQ(read->valid_bytes, before);
+    EXPECT_EQ(read->keys.size(), 3u);  // What precedes it is still returned.
+    // Followed by zeros (the file system extended the file): the same.
+    std::filesystem::resize_file(path_, whole + 100);
+    read = ReadJournal(path_);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_TRUE(read->corrupt) << read->stopped;
+    EXPECT_EQ(read->valid_bytes, before);
+    std::filesystem::resize_file(path_, whole);
+    FlipByte(path_, at);
+  }
+  auto read = ReadJournal(path_);  // Put back: whole again.
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_FALSE(read->corrupt);
-  EXPECT_THAT(read->stopped, HasSubstr("torn"));
-  EXPECT_THAT(read->stopped, HasSubstr(absl::StrCat("offset ", before)));
-  EXPECT_EQ(read->valid_bytes, before);
-  EXPECT_EQ(read->keys.size(), 3u);  // The drop is not replayed.
+  EXPECT_TRUE(read->stopped.empty()) << read->stopped;
+  EXPECT_EQ(read->valid_bytes, whole);
+}
 
-  // Its payload flipped instead: the same.
-  FlipByte(path_, before + 4);
-  FlipByte(path_, before + 12);
-  read = ReadJournal(path_);
-  ASSERT_TRUE(read.ok()) << read.status();
-  EXPECT_FALSE(read->corrupt);
-  EXPECT_EQ(read->valid_bytes, before);
+// A length field damaged in the middle of the file: corrupt when the frame
+// it makes ends inside the file (its CRC cannot match), wherever it ends,
+// the end of the file included. One that runs past the end reads as a
+// torn tail (journal.h: framing cannot tell it from a cut record).
+TEST_F(JournalTest, DamagedLengthMidFileIsCorruptUnlessItRunsPastTheEnd) {
+  Journaled j(path_, {});
+  auto r = j.Reserve(0, 3);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(j.Commit(0, nullptr, Chain(1, 3), *r).ok());
+  const uint64_t before = j.journal().bytes();  // The second reserve.
+  auto r2 = j.Reserve(0, 3);
+  ASSERT_TRUE(r2.ok());
+  ASSERT_TRUE(j.Commit(0, nullptr, Chain(2, 3), *r2).ok());
+  const uint64_t size = j.journal().bytes();
+  const uint32_t to_end = static_cast<uint32_t>(size - before - 8);
+  const uint32_t length = PutU32At(path_, before, 0);
+  PutU32At(path_, before, length);
+  const struct {
+    uint32_t length;
+    bool corrupt;
+  } cases[] = {
+      {length + 1, true},        // Inside the next record.
+      {length - 1, true},        // Inside its own payload.
+      {to_end - 1, true},        // One byte of the file after it.
+      {to_end, true},            // Exactly at the end of the file.
+      {to_end + 1, false},       // Past the end: reads as torn.
+      {0, true},                 // Out of range.
+      {(256u << 20) + 1, true},  // Over the limit.
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.length);
+    PutU32At(path_, before, c.length);
+    auto read = ReadJournal(path_);
+    ASSERT_TRUE(read.ok()) << read.status();
+    EXPECT_EQ(read->corrupt, c.corrupt) << read->stopped;
+    EXPECT_THAT(read->stopped, HasSubstr(c.corrupt ? "corrupt" : "torn"));
+    EXPECT_THAT(read->stopped, HasSubstr(absl::StrCat("offset ", before)));
+    EXPECT_EQ(read->valid_bytes, before);
+    EXPECT_EQ(read->keys.size(), 3u);
+  }
 }
 
 TEST_F(JournalTest, TruncatedLastRecordIsATornTail) {
@@ -157,16 +224,28 @@ TEST_F(JournalTest, ZeroFilledTailIsATornTail) {
   EXPECT_FALSE(read->corrupt);
   EXPECT_THAT(read->stopped, HasSubstr("zeros"));
   EXPECT_EQ(read->keys.size(), 3u);
-  // A last record half written, then zeros: torn too.
-  std::filesystem::resize_file(path_, whole);
-  ASSERT_TRUE(j.Drop(Key(1, 2)).ok());
-  FlipByte(path_, whole + 12);
-  std::filesystem::resize_file(path_, j.journal().bytes() + 100);
+  // Zeros from a record's first byte on, within a frame's length of the
+  // end: torn too.
+  std::filesystem::resize_file(path_, whole + 5);
   read = ReadJournal(path_);
   ASSERT_TRUE(read.ok()) << read.status();
   EXPECT_FALSE(read->corrupt);
+  EXPECT_THAT(read->stopped, HasSubstr("torn"));
+  EXPECT_EQ(read->valid_bytes, whole);
+  // A last record cut short, its written part ending in zeros: torn (its
+  // frame runs past the end). Whole but for zeros, it is corrupt instead
+  // (FlippedLastRecordIsCorruptNotTorn).
+  std::filesystem::resize_file(path_, whole);
+  ASSERT_TRUE(j.Drop(Key(1, 2)).ok());
+  std::filesystem::resize_file(path_, whole + 12);
+  std::filesystem::resize_file(path_, j.journal().bytes() - 1);
+  read = ReadJournal(path_);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_FALSE(read->corrupt);
+  EXPECT_THAT(read->stopped, HasSubstr("torn"));
   EXPECT_EQ(read->valid_bytes, whole);
   // Zeros followed by anything else are not a tail.
+  std::filesystem::resize_file(path_, whole + 300);
   AppendBytes(path_, "x");
   read = ReadJournal(path_);
   ASSERT_TRUE(read.ok()) << read.status();

@@ -26,12 +26,31 @@ namespace kvtier::daemon {
 using journal_internal::Cursor;
 using journal_internal::DecodeHeader;
 using journal_internal::Errno;
+using journal_internal::kFrameBytes;
 using journal_internal::kHeader;
 using journal_internal::kMagic;
 using journal_internal::NextRecord;
 using journal_internal::NextStatus;
 using journal_internal::ReplayModel;
 using journal_internal::StoredRanks;
+
+namespace {
+
+// Whether the record at `at`, which NextRecord did not frame, can be what a
+// crash left (the rule of journal.h, "How a replay ends"): fewer bytes than
+// a frame are left, its length runs past the end of the file, or every
+// byte from `at` on is zero. A record wholly inside the file cannot be
+// torn, whatever follows it: a cut record is short of its length.
+bool CanBeTorn(const uint8_t* data, size_t size, size_t at) {
+  const size_t left = size - at;
+  if (left < kFrameBytes + 1) return true;
+  uint32_t length;
+  std::memcpy(&length, data + at, 4);
+  if (length > left - kFrameBytes) return true;
+  return std::all_of(data + at, data + size, [](uint8_t b) { return b == 0; });
+}
+
+}  // namespace
 
 absl::StatusOr<JournalContents> ReadJournal(const std::string& path) {
   // O_NOFOLLOW, then the owner check below: only the daemon's own journal
@@ -97,6 +116,14 @@ absl::StatusOr<JournalContents> ReadJournal(const std::string& path) {
     if (next != NextStatus::kRecord) {
       out.corrupt = next == NextStatus::kCorrupt;
       out.stopped = why;
+      if (next == NextStatus::kTorn && !CanBeTorn(data, size, at)) {
+        out.corrupt = true;
+        out.stopped = absl::StrCat(
+            "corrupt record at offset ", at, ": CRC mismatch in a record ",
+            "wholly inside the file (", size - at,
+            " bytes from its start to the end; a torn write leaves a record "
+            "short of its length)");
+      }
       break;
     }
     // A record whose CRC matches was written whole: a bad field in it is

@@ -191,6 +191,15 @@ absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
     auto it = by_name_.find(req.namespace_());
     if (it == by_name_.end()) {
       if (req.hash().empty() && unrecoverable_.contains(req.namespace_())) {
+        // What recovery kept is the only copy of the namespace's pages and
+        // journal: an operator's to delete, or an explicit force's.
+        if (!caller.operator_socket && !req.force()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "namespace '", req.namespace_(),
+              "' could not be recovered: its journal and segments are kept "
+              "for an operator (kvtierctl drop --force on <socket>.admin); "
+              "pass force to delete them anyway"));
+        }
         return DropUnrecoverableLocked(req.namespace_());
       }
       return absl::NotFoundError(

@@ -478,6 +478,30 @@ TEST_F(TierCoreRecoveryTest, UnreadableJournalIsKeptNotFatal) {
   ExpectDroppable("junk");
 }
 
+// What recovery kept is an operator's to delete: an engine's plain drop is
+// refused and changes nothing; an explicit force deletes it.
+TEST_F(TierCoreRecoveryTest, AnEngineDropsAnUnrecoverableOneOnlyWithForce) {
+  Attach("kept");
+  core_.reset();
+  { std::ofstream(JournalPath(options_.state_dir, "kept")) << "garbage"; }
+  Start();
+  const Caller engine{.operator_socket = false, .session_id = session_};
+  v1::DropRequest drop;
+  drop.set_namespace_("kept");
+  v1::DropResponse resp;
+  absl::Status s = core_->Drop(drop, &resp, engine);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_THAT(s.message(), HasSubstr("force"));
+  EXPECT_TRUE(std::filesystem::exists(SegmentPath("kept")));
+  ExpectUnrecoverable("kept", /*corrupt=*/true);
+  drop.set_force(true);
+  s = core_->Drop(drop, &resp, engine);
+  EXPECT_TRUE(s.ok()) << s;
+  EXPECT_FALSE(std::filesystem::exists(SegmentPath("kept")));
+  EXPECT_FALSE(
+      std::filesystem::exists(JournalPath(options_.state_dir, "kept")));
+}
+
 // Dropping an unrecoverable namespace whose journal is unreadable finds
 // its segments by name, and never another namespace's ("a" is not "a.b").
 TEST_F(TierCoreRecoveryTest, DroppingAnUnreadableOneSparesItsNamesakes) {

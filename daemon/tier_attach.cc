@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -227,21 +228,10 @@ absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
       resp->set_dropped_pages(u.nodes);
       resp->set_dropped_snapshots(u.snapshots);
       absl::MutexLock leases(&ns->lease_mu);
-      for (const auto& [id, l] : ns->leases) {
-        devices_.Release(l.device_pool, l.device_lease);
-      }
-      for (const auto& [id, r] : ns->reservations) {
-        devices_.Abort(r.device_pool, r.device_rows);
-      }
-      // The segments are unlinked: whatever a fenced engine still writes
-      // lands in files nobody maps again. Device-pool slots are shared by
-      // every namespace: they stay fenced until the holder is gone.
-      for (const auto& [id, h] : ns->holds) {
-        if (!h.device_rows.empty() || h.device_lease != 0) {
-          orphaned_device_.push_back(
-              {h.instance, h.device_pool, h.device_rows, h.device_lease});
-        }
-      }
+      // The segments are unlinked: whatever an engine still writes lands in
+      // files nobody maps again. Device-pool slots are shared by every
+      // namespace: those it may still copy into or out of stay fenced.
+      OrphanDeviceSlotsLocked(*ns);
       live_holds_.fetch_sub(ns->holds.size());
       ns->holds.clear();
       if (ns->restart_fence) {
@@ -300,6 +290,54 @@ absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
   SPDLOG_INFO("namespace '{}' dropped ({} pages)", ns->name,
               resp->dropped_pages());
   return absl::OkStatus();
+}
+
+void TierCore::OrphanDeviceSlotsLocked(Namespace& ns) {
+  auto keep = [&](uint64_t session, InstanceKey instance, uint32_t pool,
+                  const std::vector<uint32_t>& rows, uint64_t lease) {
+    if (rows.empty() && lease == 0) return;
+    orphaned_device_.push_back(
+        {std::move(instance), session, pool, rows, lease});
+  };
+  // A live session's: its engine may have copies queued on them as on any
+  // reservation or lease. Its instance now; should the registry have closed
+  // the session already (a CloseSession racing this Drop), that
+  // CloseSession settles them (SettleOrphanedDevice) once this is done.
+  auto owner = [&](uint64_t session) {
+    InstanceKey instance;
+    HolderKey holder;
+    (void)fence_->SessionOwner(session, &instance, &holder);
+    return instance;
+  };
+  for (const auto& [id, r] : ns.reservations) {
+    keep(r.session, owner(r.session), r.device_pool, r.device_rows, 0);
+  }
+  for (const auto& [id, l] : ns.leases) {
+    keep(l.session, owner(l.session), l.device_pool, {}, l.device_lease);
+  }
+  for (const auto& [id, h] : ns.holds) {
+    keep(0, h.instance, h.device_pool, h.device_rows, h.device_lease);
+  }
+}
+
+void TierCore::SettleOrphanedDevice(uint64_t session_id,
+                                    const FenceRegistry::Closed& closed) {
+  absl::MutexLock lock(&mu_);
+  for (auto it = orphaned_device_.begin(); it != orphaned_device_.end();) {
+    if (it->session != session_id) {
+      ++it;
+      continue;
+    }
+    if (!closed.free_now) {  // Its instance's now (SweepFences).
+      it->instance = closed.instance;
+      it->session = 0;
+      ++it;
+      continue;
+    }
+    devices_.Abort(it->pool, it->rows);
+    devices_.Release(it->pool, it->lease);
+    it = orphaned_device_.erase(it);
+  }
 }
 
 absl::Status TierCore::DropPrefix(Namespace& ns, const HashKey& key,

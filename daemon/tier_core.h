@@ -200,6 +200,11 @@ class TierCore {
   // released, and an Attach of the name meanwhile waits until they are
   // gone, then creates a new namespace. A Drop of a name being created waits
   // for the creation first. Only what `caller` may drop (CheckNamespaceRight).
+  // The device-pool slots of its reservations, leases and fence holds are
+  // handed to nobody until their holder confirms or is gone
+  // (OrphanDeviceSlotsLocked). A namespace Recover kept as unrecoverable is
+  // deleted only for an operator or with force (else FAILED_PRECONDITION,
+  // nothing changed).
   //
   // Drop, Stats, ListNamespaces and ListPrefixes act only on what `caller`
   // may see (CheckNamespaceRight): an engine-socket caller gets
@@ -464,6 +469,18 @@ class TierCore {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // ---- Drop (tier_attach.cc) ----
+  // A forced Drop of ns: keeps the device slots of its reservations, leases
+  // and fence holds in orphaned_device_, each with its holder's instance.
+  void OrphanDeviceSlotsLocked(Namespace& ns)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_, ns.mu, ns.lease_mu);
+  // Session `session_id` ended (`closed`: the fence registry's verdict):
+  // the orphaned slots it held are freed when closed.free_now, else they
+  // wait for closed.instance to be gone. CloseSession calls it last, after
+  // every namespace it was attached to, so that a Drop racing the close
+  // has orphaned what it will.
+  void SettleOrphanedDevice(uint64_t session_id,
+                            const FenceRegistry::Closed& closed)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Drop of the prefix subtree under `key`, under ns.mu only.
   absl::Status DropPrefix(Namespace& ns, const HashKey& key,
                           v1::DropResponse* response)
@@ -541,10 +558,15 @@ class TierCore {
   int state_lock_fd_ = -1;  // Set by Recover, closed by the destructor.
 
   std::unique_ptr<FenceRegistry> fence_;
-  // Device-pool slots of fence holds whose namespace was dropped: freed
-  // once their instance is gone (SweepFences).
+  // Device-pool slots that a dropped namespace's fence holds, reservations
+  // and leases named: shared by every namespace, and an engine may still
+  // copy into or out of them. Freed once their instance is gone
+  // (SweepFences), or, for those of a session still open at the drop, once
+  // that session ends quiescent (SettleOrphanedDevice).
   struct OrphanedDevice {
     InstanceKey instance;
+    // The session that held them, until it ends (0: none, or it ended).
+    uint64_t session = 0;
     uint32_t pool = 0;
     std::vector<uint32_t> rows;
     uint64_t lease = 0;

@@ -222,7 +222,8 @@ size_t TierCore::SweepFences() {
   {
     absl::MutexLock lock(&mu_);
     for (auto it = orphaned_device_.begin(); it != orphaned_device_.end();) {
-      if (!fence_->InstanceGone(it->instance)) {
+      // A session still open at the drop settles its own (CloseSession).
+      if (it->session != 0 || !fence_->InstanceGone(it->instance)) {
         ++it;
         continue;
       }

@@ -116,6 +116,7 @@ void TierCore::CloseSession(uint64_t session_id) {
     ns->use.erase(session_id);
     ns->sessions.erase(session_id);
   }
+  SettleOrphanedDevice(session_id, closed);
   SPDLOG_INFO(
       "session {} closed: {} reservations aborted, {} leases "
       "released, {} fenced",

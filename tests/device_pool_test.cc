@@ -3,12 +3,16 @@
 // library (/proc/<pid>/maps), so it cannot have created a CUDA context;
 // (2) with it on where no CUDA driver can be loaded, kvtierd refuses to
 // start instead of running without the pool; (3) TierCore's device tier
-// (Reserve/Commit/Lookup/Release of device slots, eviction, session end),
-// driven through a pool export that needs no GPU: the core only indexes
-// slots, the memory is the daemon main's.
+// (Reserve/Commit/Lookup/Release of device slots, eviction, session end,
+// the slots a force-dropped namespace's live engine holds), driven through
+// a pool export that needs no GPU: the core only indexes slots, the memory
+// is the daemon main's.
 #include <dirent.h>
 #include <dlfcn.h>
+#include <signal.h>
 #include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -185,11 +189,13 @@ class DevicePoolCoreTest : public ::testing::Test {
   // Commits pages [0, n) with a host snapshot at page n-1 and, when
   // `device`, the same snapshot in a device slot.
   absl::StatusOr<v1::CommitResponse> Fill(int n, bool device,
-                                          uint64_t session = 0) {
+                                          uint64_t session = 0,
+                                          uint64_t ns = 0) {
     if (session == 0) session = session_;
+    if (ns == 0) ns = ns_;
     v1::ReserveRequest rq;
     rq.set_session_id(session);
-    rq.set_namespace_id(ns_);
+    rq.set_namespace_id(ns);
     rq.set_pages(n);
     rq.set_snapshots(1);
     rq.set_device_snapshots(device ? 1 : 0);
@@ -197,7 +203,7 @@ class DevicePoolCoreTest : public ::testing::Test {
     if (absl::Status s = core_->Reserve(rq, &rr); !s.ok()) return s;
     v1::CommitRequest cq;
     cq.set_session_id(session);
-    cq.set_namespace_id(ns_);
+    cq.set_namespace_id(ns);
     cq.set_reservation_id(rr.reservation_id());
     cq.set_hashes(chain_.substr(0, n * kHashBytes));
     auto* p = cq.add_snapshots();
@@ -223,6 +229,55 @@ class DevicePoolCoreTest : public ::testing::Test {
     absl::Status s = core_->Lookup(req, &resp);
     EXPECT_TRUE(s.ok()) << s;
     return resp;
+  }
+
+  // A session of an engine whose process is `pid` (the daemon watches it),
+  // attached to the hybrid namespace `name`; its id in *ns.
+  uint64_t OpenEngine(const std::string& name, pid_t pid, uint64_t* ns) {
+    auto id = core_->OpenSession(v1::Hello(), daemon::PeerInfo{});
+    EXPECT_TRUE(id.ok()) << id.status();
+    daemon::PeerInfo peer;
+    peer.pid = pid;
+    peer.uid = getuid();
+    peer.gid = getgid();
+    peer.verified = true;
+    EXPECT_TRUE(core_->BindPeerCredentials(*id, peer).ok());
+    v1::AttachRequest req;
+    req.set_session_id(*id);
+    req.set_namespace_(name);
+    auto* l = req.mutable_layout();
+    l->set_model("m");
+    l->set_tokens_per_page(16);
+    l->set_num_layers(1);
+    l->add_page_banks()->set_name("kv");
+    l->mutable_page_banks(0)->set_row_bytes(1024);
+    l->set_snapshot_row_bytes(4096);
+    req.mutable_capacity()->set_page_rows(32);
+    req.mutable_capacity()->set_snapshot_rows(8);
+    v1::AttachResponse resp;
+    absl::Status s = core_->Attach(req, &resp);
+    EXPECT_TRUE(s.ok()) << s;
+    *ns = resp.namespace_id();
+    return *id;
+  }
+  // Reserves `slots` device slots (and nothing else) for `session`.
+  absl::StatusOr<v1::ReserveResponse> ReserveSlots(uint64_t session,
+                                                   uint64_t ns,
+                                                   uint32_t slots) {
+    v1::ReserveRequest rq;
+    rq.set_session_id(session);
+    rq.set_namespace_id(ns);
+    rq.set_device_snapshots(slots);
+    v1::ReserveResponse rr;
+    if (absl::Status s = core_->Reserve(rq, &rr); !s.ok()) return s;
+    return rr;
+  }
+  absl::Status ForceDrop(const std::string& name) {
+    v1::DropRequest drop;
+    drop.set_namespace_(name);
+    drop.set_force(true);
+    v1::DropResponse resp;
+    return core_->Drop(drop, &resp);
   }
 
   std::string dir_;
@@ -431,6 +486,91 @@ TEST_F(DevicePoolCoreTest, SessionEndReturnsSlotsAndKeepsCommittedOnes) {
   EXPECT_TRUE(Lookup(2, false, true).has_device_snapshot());
   ASSERT_TRUE(Fill(4, true).ok());
   EXPECT_TRUE(Lookup(4, false, true).has_device_snapshot());
+  EXPECT_TRUE(core_->CheckInvariants().ok());
+}
+
+// A child that lives until killed: an engine process the daemon watches.
+class EngineProcess {
+ public:
+  EngineProcess() : pid_(fork()) {
+    if (pid_ == 0) {
+      for (;;) pause();
+    }
+  }
+  ~EngineProcess() { Kill(); }
+  pid_t pid() const { return pid_; }
+  void Kill() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  pid_t pid_;
+};
+
+// Device slots are shared by every namespace a pool serves: a forced drop
+// of namespace "a" must not hand the slots its live engine still copies
+// into (a reservation) or out of (a lease) to namespace "hybrid" until that
+// engine's instance is gone.
+TEST_F(DevicePoolCoreTest, AForcedDropKeepsALiveEnginesSlotsUntilItIsGone) {
+  EngineProcess engine;
+  ASSERT_GT(engine.pid(), 0);
+  uint64_t a_ns = 0;
+  const uint64_t a = OpenEngine("a", engine.pid(), &a_ns);
+  // Both slots: one committed and pinned by a lease, one reserved.
+  ASSERT_TRUE(Fill(2, /*device=*/true, a, a_ns).ok());
+  v1::LookupRequest lq;
+  lq.set_session_id(a);
+  lq.set_namespace_id(a_ns);
+  lq.set_hashes(chain_.substr(0, 2 * kHashBytes));
+  lq.set_pin(true);
+  lq.set_device_pool(0);
+  v1::LookupResponse lr;
+  ASSERT_TRUE(core_->Lookup(lq, &lr).ok());
+  ASSERT_TRUE(lr.has_device_snapshot());
+  ASSERT_TRUE(ReserveSlots(a, a_ns, 1).ok());
+
+  ASSERT_TRUE(ForceDrop("a").ok());
+  EXPECT_EQ(ReserveSlots(session_, ns_, 1).status().code(),
+            absl::StatusCode::kResourceExhausted)
+      << "a slot of the dropped namespace's live engine was handed out";
+  EXPECT_EQ(core_->SweepFences(), 0u);
+  EXPECT_EQ(ReserveSlots(session_, ns_, 1).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Its session ends without saying its work is done: still held.
+  core_->CloseSession(a);
+  core_->SweepFences();
+  EXPECT_EQ(ReserveSlots(session_, ns_, 1).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // The engine is gone: both slots come back.
+  engine.Kill();
+  core_->SweepFences();
+  auto both = ReserveSlots(session_, ns_, 2);
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_TRUE(core_->CheckInvariants().ok());
+}
+
+// ...or until the engine confirms: a quiescent Goodbye says nothing it
+// queued on the session's slots is pending any more.
+TEST_F(DevicePoolCoreTest, AForcedDropFreesTheSlotsOnceTheEngineIsQuiescent) {
+  EngineProcess engine;
+  ASSERT_GT(engine.pid(), 0);
+  uint64_t a_ns = 0;
+  const uint64_t a = OpenEngine("a", engine.pid(), &a_ns);
+  auto held = ReserveSlots(a, a_ns, 2);
+  ASSERT_TRUE(held.ok()) << held.status();
+
+  ASSERT_TRUE(ForceDrop("a").ok());
+  core_->SweepFences();
+  EXPECT_EQ(ReserveSlots(session_, ns_, 1).status().code(),
+            absl::StatusCode::kResourceExhausted)
+      << "a slot of the dropped namespace's live engine was handed out";
+  core_->SessionGoodbye(a, /*quiescent=*/true);
+  core_->CloseSession(a);
+  auto both = ReserveSlots(session_, ns_, 2);
+  ASSERT_TRUE(both.ok()) << both.status();
   EXPECT_TRUE(core_->CheckInvariants().ok());
 }
 

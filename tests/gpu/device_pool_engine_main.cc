@@ -20,7 +20,22 @@
 //       as JSON, then waits for the daemon to stop and checks that every use
 //       of the pool answers UNAVAILABLE without touching it: "STALE_OK",
 //       exit 0. Any mismatch or error: exit 1.
+//   kvtier_device_pool_engine late SOCKET NS GPU 0 1 1 BYTES -
+//       Attach NS, reserve one device slot, and queue the copy of pattern
+//       A into it behind a spin kernel (kernels/spin_wait.h) on a stream:
+//       prints "ROW <slot>" and "QUEUED" (the copy is still pending); on
+//       SIGUSR1 lets the stream run and prints "LANDED" once the copy has
+//       landed; then waits to be killed, never releasing the slot.
+//   kvtier_device_pool_engine claim SOCKET NS GPU 0 1 1 BYTES DROP
+//       Force-drops namespace DROP (the engine socket's drop), attaches NS
+//       and reserves device slots one at a time until the pool refuses:
+//       prints "ROWS s,s,..."; writes pattern B into each and prints
+//       "WRITTEN". On SIGUSR1 reads them back: "INTACT 1" when each still
+//       holds pattern B, else "INTACT 0"; then "CHECKED". On a second
+//       SIGUSR1 reserves one more slot, retrying for 30 s: "GOT <slot>" (or
+//       "NONE"). Exit 0 when intact, 1 otherwise.
 #include <cuda_runtime_api.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -32,10 +47,12 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
 #include "client/device_pool_client.h"
+#include "kernels/spin_wait_launch.h"
 #include "tests/test_pattern.h"
 
 namespace {
@@ -327,13 +344,151 @@ int Restore(const Args& a) {
   return 0;
 }
 
+// SIGUSR1 is blocked in every thread (main blocks it before CUDA or
+// libkvtier starts any) and taken here.
+void AwaitGo() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGUSR1);
+  int sig = 0;
+  while (sigwait(&set, &sig) != 0 || sig != SIGUSR1) {
+  }
+}
+
+// The snapshot patterns of the late copy and of the claiming engine.
+constexpr uint32_t kLateSeed = 0xa;
+constexpr uint32_t kClaimSeed = 0xb;
+
+int Late(const Args& a) {
+  auto client = kvtier::client::Client::Connect(
+      {.socket = a.socket, .client_name = "devpool-late"});
+  if (!client.ok()) return Die("connect", client.status());
+  auto ns = (*client)->Attach(Options(a.ns, 0, 1, 1, a.bytes));
+  if (!ns.ok()) return Die("attach", ns.status());
+  auto pool = OpenLocalPool(**ns);
+  if (!pool.ok()) return Die("open device pool", pool.status());
+  auto res = (*ns)->Reserve(0, 0, 1, pool->first);
+  if (!res.ok()) return Die("reserve", res.status());
+  const uint32_t row = res->device_snapshot_rows()[0];
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void* flag = nullptr;
+  void* device_flag = nullptr;
+  CUDA_OK(cudaHostAlloc(&flag, sizeof(uint32_t), cudaHostAllocMapped));
+  CUDA_OK(cudaHostGetDevicePointer(&device_flag, flag, 0));
+  *static_cast<volatile uint32_t*>(flag) = 0;
+  void* src = nullptr;
+  CUDA_OK(cudaMalloc(&src, a.bytes));
+  std::vector<uint8_t> host(a.bytes);
+  FillSnapshot(host.data(), a.bytes, kLateSeed, 0);
+  CUDA_OK(cudaMemcpy(src, host.data(), a.bytes, cudaMemcpyHostToDevice));
+  if (absl::Status s = kvtier::kernels::LaunchSpinUntil(
+          static_cast<const uint32_t*>(device_flag), stream);
+      !s.ok()) {
+    return Die("spin", s);
+  }
+  if (absl::Status s = pool->second->SaveSnapshot(row, src, a.bytes, stream);
+      !s.ok()) {
+    return Die("save snapshot", s);
+  }
+  if (cudaStreamQuery(stream) != cudaErrorNotReady) {
+    std::fprintf(stderr, "the copy is not held behind the spin\n");
+    return 1;
+  }
+  std::printf("ROW %u\nQUEUED\n", row);
+  std::fflush(stdout);
+  AwaitGo();
+  __atomic_store_n(static_cast<uint32_t*>(flag), 1, __ATOMIC_RELEASE);
+  CUDA_OK(cudaStreamSynchronize(stream));
+  std::printf("LANDED\n");
+  std::fflush(stdout);
+  for (;;) pause();  // Holding the slot until the test kills us.
+}
+
+int Claim(const Args& a) {
+  auto client = kvtier::client::Client::Connect(
+      {.socket = a.socket, .client_name = "devpool-claim"});
+  if (!client.ok()) return Die("connect", client.status());
+  auto dropped = (*client)->Drop(a.last, {}, /*force=*/true);
+  if (!dropped.ok()) return Die("drop", dropped.status());
+  auto ns = (*client)->Attach(Options(a.ns, 0, 1, 1, a.bytes));
+  if (!ns.ok()) return Die("attach", ns.status());
+  auto pool = OpenLocalPool(**ns);
+  if (!pool.ok()) return Die("open device pool", pool.status());
+  kvtier::client::DevicePoolHandle& dp = *pool->second;
+  std::vector<kvtier::client::Reservation> held;
+  std::vector<uint32_t> rows;
+  for (;;) {
+    auto r = (*ns)->Reserve(0, 0, 1, pool->first);
+    if (!r.ok()) {
+      if (r.status().code() != absl::StatusCode::kResourceExhausted) {
+        return Die("reserve", r.status());
+      }
+      break;
+    }
+    rows.push_back(r->device_snapshot_rows()[0]);
+    held.push_back(*std::move(r));
+  }
+  cudaStream_t stream;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  void* src = nullptr;
+  CUDA_OK(cudaMalloc(&src, a.bytes));
+  std::vector<uint8_t> want(a.bytes), got(a.bytes);
+  for (uint32_t i = 0; i < rows.size(); ++i) {
+    FillSnapshot(want.data(), a.bytes, kClaimSeed, i);
+    CUDA_OK(cudaMemcpy(src, want.data(), a.bytes, cudaMemcpyHostToDevice));
+    if (absl::Status s = dp.SaveSnapshot(rows[i], src, a.bytes, stream);
+        !s.ok()) {
+      return Die("save snapshot", s);
+    }
+    CUDA_OK(cudaStreamSynchronize(stream));
+  }
+  std::printf("ROWS %s\nWRITTEN\n", absl::StrJoin(rows, ",").c_str());
+  std::fflush(stdout);
+  AwaitGo();
+  bool intact = true;
+  for (uint32_t i = 0; i < rows.size(); ++i) {
+    auto slot = dp.Slot(rows[i]);
+    if (!slot.ok()) return Die("slot", slot.status());
+    CUDA_OK(cudaMemcpy(got.data(), *slot, a.bytes, cudaMemcpyDeviceToHost));
+    FillSnapshot(want.data(), a.bytes, kClaimSeed, i);
+    if (std::memcmp(got.data(), want.data(), a.bytes) != 0) {
+      std::fprintf(stderr, "slot %u lost its bytes\n", rows[i]);
+      intact = false;
+    }
+  }
+  std::printf("INTACT %d\nCHECKED\n", intact ? 1 : 0);
+  std::fflush(stdout);
+  AwaitGo();
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  for (;;) {
+    auto r = (*ns)->Reserve(0, 0, 1, pool->first);
+    if (r.ok()) {
+      std::printf("GOT %u\n", r->device_snapshot_rows()[0]);
+      break;
+    }
+    if (absl::Now() > deadline) {
+      std::printf("NONE %s\n", r.status().ToString().c_str());
+      break;
+    }
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  std::fflush(stdout);
+  return intact ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // Before CUDA and libkvtier start threads: they all inherit the block.
+  sigset_t usr1;
+  sigemptyset(&usr1);
+  sigaddset(&usr1, SIGUSR1);
+  pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
   if (argc != 10) {
     std::fprintf(stderr,
-                 "usage: %s fill|restore SOCKET NS GPU RANK TP PAGES BYTES "
-                 "SNAPS|MATCH\n",
+                 "usage: %s fill|restore|late|claim SOCKET NS GPU RANK TP "
+                 "PAGES BYTES SNAPS|MATCH|-|DROP\n",
                  argv[0]);
     return 2;
   }
@@ -353,6 +508,8 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaSetDevice(a.gpu));
   if (a.mode == "fill") return Fill(a);
   if (a.mode == "restore") return Restore(a);
+  if (a.mode == "late") return Late(a);
+  if (a.mode == "claim") return Claim(a);
   std::fprintf(stderr, "unknown mode %s\n", a.mode.c_str());
   return 2;
 }

@@ -193,8 +193,35 @@ class NamespaceJournal {
   // nodes, then per stored rank its allocated-uncommitted rows
   // (AllocatedPageRows / AllocatedSnapshotRows) as reservation records (atomic
   // rename; on failure the current file stays and the error is returned).
-  // Clears broken().
+  // Abandons a pending checkpoint (below). Clears broken().
   absl::Status Checkpoint(const PrefixIndex& index);
+
+  // The same checkpoint in three steps, so that its file I/O runs without
+  // the lock that guards this journal and the index (TierNamespace::mu; a
+  // large checkpoint's write and sync would stall every request of the
+  // namespace, and whatever waits for its lock): StartCheckpoint (lock
+  // held) encodes the header and a checkpoint of `index` in memory and,
+  // from then on, keeps a copy of every record appended; WriteCheckpoint
+  // (no lock: it touches only the Pending) writes those bytes to a
+  // temporary file of their own and syncs it; FinishCheckpoint (lock held)
+  // appends the records kept since the start and renames the file over the
+  // journal. Until the rename the journal is the old file with every record,
+  // so a crash at any point leaves a whole journal. At most one is pending:
+  // StartCheckpoint returns nullptr while one is, or while broken(). A
+  // failed append or a Checkpoint abandons it: FinishCheckpoint then
+  // discards it (FAILED_PRECONDITION). A journal destroyed meanwhile (its
+  // namespace dropped) must not be finished on: the caller checks it still
+  // has it. The Pending holds a copy of the checkpoint (memory about 50
+  // bytes per node).
+  struct PendingCheckpoint;
+  std::unique_ptr<PendingCheckpoint> StartCheckpoint(const PrefixIndex& index);
+  static absl::Status WriteCheckpoint(PendingCheckpoint& pending);
+  absl::Status FinishCheckpoint(std::unique_ptr<PendingCheckpoint> pending);
+  // Drops `pending` (its write failed): the journal stays the old file, and
+  // another checkpoint may start.
+  void DiscardCheckpoint(std::unique_ptr<PendingCheckpoint> pending);
+  // True while a checkpoint started and is neither finished nor abandoned.
+  bool checkpointing() const { return pending_ != nullptr; }
   // True when the records appended since the last checkpoint are past the
   // compaction threshold, or the journal is broken.
   bool NeedsCheckpoint() const;
@@ -215,6 +242,10 @@ class NamespaceJournal {
                    const JournalOptions& options);
   // Frames `payload_` as a record of `type` and appends it.
   absl::Status Append(uint8_t type);
+  // Marks the pending checkpoint abandoned and forgets it.
+  void AbandonCheckpoint();
+  // StartCheckpoint without its preconditions (Checkpoint's first step).
+  std::unique_ptr<PendingCheckpoint> EncodeCheckpoint(const PrefixIndex& index);
 
   // Immutable after construction.
   const std::string path_;
@@ -230,6 +261,29 @@ class NamespaceJournal {
   bool broken_ = false;
   std::string payload_;  // Reused record buffer.
   std::string record_;
+  PendingCheckpoint* pending_ = nullptr;  // Owned by whoever started it.
+};
+
+// A checkpoint between StartCheckpoint and FinishCheckpoint. Its owner (a
+// background thread) holds it; `tail` and `abandoned` are touched only
+// under the journal's lock, the rest only by WriteCheckpoint (no lock) and
+// then FinishCheckpoint. The destructor closes and removes the temporary
+// file unless it became the journal.
+struct NamespaceJournal::PendingCheckpoint {
+  PendingCheckpoint() = default;
+  PendingCheckpoint(const PendingCheckpoint&) = delete;
+  PendingCheckpoint& operator=(const PendingCheckpoint&) = delete;
+  ~PendingCheckpoint();
+
+  const NamespaceJournal* journal = nullptr;  // Which journal it is for.
+  std::string tmp;     // The temporary file's path.
+  bool fsync = false;  // JournalOptions::fsync.
+  std::string head;    // Magic, header and checkpoint (WriteCheckpoint's).
+  uint64_t head_bytes = 0;
+  std::string tail;  // Records appended since the start.
+  int fd = -1;       // The temporary file, once WriteCheckpoint opened it.
+  bool renamed = false;
+  bool abandoned = false;
 };
 
 // A journal read back and replayed: the header and the live nodes, parents

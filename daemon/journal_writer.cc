@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -137,21 +138,41 @@ absl::StatusOr<std::unique_ptr<NamespaceJournal>> NamespaceJournal::Create(
   return journal;
 }
 
+NamespaceJournal::PendingCheckpoint::~PendingCheckpoint() {
+  if (fd >= 0) ::close(fd);
+  if (!renamed && fd >= 0) ::unlink(tmp.c_str());
+}
+
 absl::Status NamespaceJournal::Checkpoint(const PrefixIndex& index) {
-  const std::string dir = Dirname(path_);
-  const std::string tmp = absl::StrCat(dir, "/.", Basename(path_), ".tmp");
-  const int fd = ::open(
-      tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
-  if (fd < 0) return Errno("cannot create", tmp);
-  bool keep = false;
-  absl::Cleanup discard = [&] {
-    if (!keep) {
-      ::close(fd);
-      ::unlink(tmp.c_str());
-    }
-  };
-  uint64_t total = 0;
-  std::string out(kMagic, sizeof(kMagic));
+  AbandonCheckpoint();
+  std::unique_ptr<PendingCheckpoint> p = EncodeCheckpoint(index);
+  if (absl::Status s = WriteCheckpoint(*p); !s.ok()) {
+    AbandonCheckpoint();
+    return s;
+  }
+  absl::Status s = FinishCheckpoint(std::move(p));
+  if (s.ok()) broken_ = false;
+  return s;
+}
+
+std::unique_ptr<NamespaceJournal::PendingCheckpoint>
+NamespaceJournal::StartCheckpoint(const PrefixIndex& index) {
+  // A broken journal is mended by Checkpoint.
+  if (pending_ != nullptr || broken_ || fd_ < 0) return nullptr;
+  return EncodeCheckpoint(index);
+}
+
+std::unique_ptr<NamespaceJournal::PendingCheckpoint>
+NamespaceJournal::EncodeCheckpoint(const PrefixIndex& index) {
+  // A name of its own: an abandoned one may still be writing its file.
+  static std::atomic<uint64_t> serial{0};
+  auto p = std::make_unique<PendingCheckpoint>();
+  p->journal = this;
+  p->fsync = options_.fsync;
+  p->tmp = absl::StrCat(Dirname(path_), "/.", Basename(path_), ".",
+                        serial.fetch_add(1), ".tmp");
+  std::string& out = p->head;
+  out.assign(kMagic, sizeof(kMagic));
   Frame(&out, kHeader, EncodeHeader(header_));
   // Checkpoint ordinals: node id -> position in the checkpoint. Node ids
   // are dense (a pool), so a vector indexes them.
@@ -159,21 +180,14 @@ absl::Status NamespaceJournal::Checkpoint(const PrefixIndex& index) {
   uint32_t next_ordinal = 0;
   std::string batch;
   uint32_t in_batch = 0;
-  bool write_failed = false;
-  auto flush = [&](bool force) {
-    if (in_batch > 0 && (force || in_batch == kNodesPerRecord)) {
-      std::string payload;
-      PutU32(&payload, in_batch);
-      payload += batch;
-      Frame(&out, kNodes, payload);
-      batch.clear();
-      in_batch = 0;
-    }
-    if (!write_failed && (force || out.size() >= kWriteChunk)) {
-      if (!WriteAll(fd, out)) write_failed = true;
-      total += out.size();
-      out.clear();
-    }
+  auto flush = [&] {
+    if (in_batch == 0) return;
+    std::string payload;
+    PutU32(&payload, in_batch);
+    payload += batch;
+    Frame(&out, kNodes, payload);
+    batch.clear();
+    in_batch = 0;
   };
   index.ForEachNode([&](const PrefixIndex::NodeView& v) {
     if (v.id >= ordinal.size()) ordinal.resize(v.id + v.id / 2 + 1024, kNoNode);
@@ -185,10 +199,9 @@ absl::Status NamespaceJournal::Checkpoint(const PrefixIndex& index) {
     if (hybrid_) {
       for (uint32_t row : v.snapshot_rows) PutU32(&batch, row);
     }
-    ++in_batch;
-    flush(false);
+    if (++in_batch == kNodesPerRecord) flush();
   });
-  flush(true);
+  flush();
   // Then the reservations outstanding now: one record per rank (more when
   // very large), after the nodes.
   for (uint32_t r = 0; r < ranks_; ++r) {
@@ -205,28 +218,76 @@ absl::Status NamespaceJournal::Checkpoint(const PrefixIndex& index) {
       std::string payload;
       EncodeReserve(&payload, r, chunk(pages), chunk(snaps));
       Frame(&out, kReserve, payload);
-      flush(false);
     }
   }
-  flush(true);
-  if (write_failed) return Errno("cannot write", tmp);
-  if (options_.fsync && ::fdatasync(fd) != 0) return Errno("cannot sync", tmp);
-  if (::rename(tmp.c_str(), path_.c_str()) != 0) {
+  p->head_bytes = out.size();
+  pending_ = p.get();
+  return p;
+}
+
+absl::Status NamespaceJournal::WriteCheckpoint(PendingCheckpoint& p) {
+  p.fd = ::open(p.tmp.c_str(),
+                O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0600);
+  if (p.fd < 0) return Errno("cannot create", p.tmp);
+  absl::string_view data = p.head;
+  while (!data.empty()) {
+    const size_t n = std::min(data.size(), kWriteChunk);
+    if (!WriteAll(p.fd, data.substr(0, n))) {
+      return Errno("cannot write", p.tmp);
+    }
+    data.remove_prefix(n);
+  }
+  std::string().swap(p.head);
+  if (p.fsync && ::fdatasync(p.fd) != 0) return Errno("cannot sync", p.tmp);
+  return absl::OkStatus();
+}
+
+absl::Status NamespaceJournal::FinishCheckpoint(
+    std::unique_ptr<PendingCheckpoint> p) {
+  if (p == nullptr || p.get() != pending_ || p->abandoned || p->fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("journal: ", path_,
+                     ": the checkpoint was abandoned (a failed append or "
+                     "another checkpoint) and is discarded"));
+  }
+  pending_ = nullptr;
+  // The records appended since the start, then the file takes the
+  // journal's place.
+  if (!p->tail.empty() && !WriteAll(p->fd, p->tail)) {
+    return Errno("cannot write", p->tmp);
+  }
+  if (p->fsync && !p->tail.empty() && ::fdatasync(p->fd) != 0) {
+    return Errno("cannot sync", p->tmp);
+  }
+  if (::rename(p->tmp.c_str(), path_.c_str()) != 0) {
     return Errno("cannot rename to", path_);
   }
-  keep = true;
-  if (options_.fsync) {
-    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  p->renamed = true;
+  if (p->fsync) {
+    const int dfd =
+        ::open(Dirname(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {
       (void)::fsync(dfd);
       ::close(dfd);
     }
   }
   if (fd_ >= 0) ::close(fd_);
-  fd_ = fd;
-  bytes_ = checkpoint_bytes_ = total;
-  broken_ = false;
+  fd_ = p->fd;
+  p->fd = -1;
+  checkpoint_bytes_ = p->head_bytes;
+  bytes_ = p->head_bytes + p->tail.size();
   return absl::OkStatus();
+}
+
+void NamespaceJournal::DiscardCheckpoint(
+    std::unique_ptr<PendingCheckpoint> pending) {
+  if (pending != nullptr && pending.get() == pending_) pending_ = nullptr;
+}
+
+void NamespaceJournal::AbandonCheckpoint() {
+  if (pending_ == nullptr) return;
+  pending_->abandoned = true;
+  pending_ = nullptr;
 }
 
 bool NamespaceJournal::NeedsCheckpoint() const {
@@ -250,6 +311,7 @@ absl::Status NamespaceJournal::Append(uint8_t type) {
   if (!WriteAll(fd_, record_)) {
     const absl::Status error = Errno("cannot append to", path_);
     broken_ = true;
+    AbandonCheckpoint();  // Its tail would lack the record.
     // Cut a partial record off, so nothing after it is ever hidden by it.
     if (::ftruncate(fd_, static_cast<off_t>(bytes_)) != 0) {
       return absl::InternalError(absl::StrCat(
@@ -258,8 +320,10 @@ absl::Status NamespaceJournal::Append(uint8_t type) {
     return error;
   }
   bytes_ += record_.size();
+  if (pending_ != nullptr) pending_->tail += record_;
   if (options_.fsync && ::fdatasync(fd_) != 0) {
     broken_ = true;
+    AbandonCheckpoint();
     return Errno("cannot sync", path_);
   }
   return absl::OkStatus();

@@ -20,7 +20,12 @@ TierCore::TierCore(TierOptions options)
       fence_(std::make_unique<FenceRegistry>(
           options_.state_dir.empty() ? ""
                                      : options_.state_dir + "/fence.instances",
-          options_.fence)) {}
+          options_.fence)) {
+  if (!options_.state_dir.empty()) {
+    checkpointer_ = std::make_unique<Checkpointer>(
+        [this](const char* point) { Hook(point); });
+  }
+}
 
 TierCore::~TierCore() {
   {
@@ -36,6 +41,9 @@ TierCore::~TierCore() {
     sweeper_stop_ = true;
   }
   if (sweeper_.joinable()) sweeper_.join();
+  // Last: whatever appends to a journal (prefetch jobs, the sweeper) may
+  // hand it work, and its thread calls Hook.
+  checkpointer_.reset();
   if (state_lock_fd_ >= 0) ::close(state_lock_fd_);
 }
 

@@ -268,8 +268,10 @@ class TierCore {
   // mu_ not held. "drop:unlinking": Drop is about to remove a namespace's
   // journal and segments, mu_ not held. "namespace:wait": a request is about
   // to wait for a name being created or dropped (mu_ held: the hook must
-  // not block). "prefetch:copied": a prefetch slice's values were copied
-  // into its rows, not yet committed (a prefetch job's thread, no lock).
+  // not block). "checkpoint:writing": the checkpointer is about to write a
+  // journal's checkpoint, no lock held. "prefetch:copied": a prefetch
+  // slice's values were copied into its rows, not yet committed (a prefetch
+  // job's thread, no lock).
   // Set before any request; nullptr: none.
   void SetTestHook(std::function<void(const char* point)> hook) {
     test_hook_ = std::move(hook);
@@ -573,6 +575,8 @@ class TierCore {
   };
   std::vector<OrphanedDevice> orphaned_device_ ABSL_GUARDED_BY(mu_);
   std::function<void(const char*)> test_hook_;
+  // Compacts the journals (with a state_dir; else nullptr).
+  std::unique_ptr<Checkpointer> checkpointer_;
   // Holds and restart fences over all namespaces: the sweep skips the
   // namespaces while both are zero.
   std::atomic<uint64_t> live_holds_{0};

@@ -285,6 +285,8 @@ absl::StatusOr<std::shared_ptr<TierCore::Namespace>> TierCore::BuildNamespace(
   const std::string& name = plan.name;
   const v1::Layout& layout = plan.layout;
   auto ns = std::make_shared<Namespace>();
+  ns->checkpointer = checkpointer_.get();
+  ns->self = ns;
   ns->id = next_id_.fetch_add(1);
   ns->name = name;
   ns->layout = layout;

@@ -43,12 +43,21 @@ void TierNamespace::ApplyPendingTouches() {
 absl::Status TierNamespace::Journal(absl::Status appended) {
   if (journal == nullptr) return absl::OkStatus();
   if (appended.ok() && !journal->NeedsCheckpoint()) return appended;
+  if (appended.ok() && checkpointer != nullptr) {
+    // Compaction can wait: written off this lock (checkpointer.h).
+    if (!journal->checkpointing() && !checkpoint_queued) {
+      checkpoint_queued = true;
+      checkpointer->Request(self);
+    }
+    return appended;
+  }
   if (!appended.ok()) {
     SPDLOG_WARN("namespace '{}': {}; writing a checkpoint instead", name,
                 appended.ToString());
   }
   const absl::Time start = absl::Now();
   const uint64_t before = journal->bytes();
+  if (checkpointer != nullptr) checkpointer->Hook("checkpoint:writing");
   if (absl::Status s = journal->Checkpoint(*index); !s.ok()) {
     SPDLOG_ERROR("namespace '{}': checkpoint failed: {}", name, s.ToString());
     if (appended.ok()) return absl::OkStatus();  // Compaction can wait.

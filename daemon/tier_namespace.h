@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/checkpointer.h"
 #include "daemon/fence_registry.h"
 #include "daemon/journal.h"
 #include "daemon/namespace_layout.h"
@@ -111,12 +112,19 @@ struct TierNamespace {
   // snapshot segment when hybrid. segment_info mirrors it for Attach.
   std::vector<std::vector<std::unique_ptr<shm::Segment>>> segments;
   std::vector<std::vector<v1::Segment>> segment_info;
+  // Compacts the journal off the request path (daemon/checkpointer.h), or
+  // nullptr: Journal then checkpoints in the request. `self` is what it is
+  // handed. Set before the namespace is published.
+  Checkpointer* checkpointer = nullptr;
+  std::weak_ptr<TierNamespace> self;
 
   absl::Mutex mu;
   std::unique_ptr<PrefixIndex> index ABSL_GUARDED_BY(mu);
   // Null without --state_dir. Every change of the index is appended before
   // the request that made it is answered.
   std::unique_ptr<NamespaceJournal> journal ABSL_GUARDED_BY(mu);
+  // Handed to the checkpointer and not yet taken up by it.
+  bool checkpoint_queued ABSL_GUARDED_BY(mu) = false;
   absl::flat_hash_map<uint64_t, Reservation> reservations ABSL_GUARDED_BY(mu);
   // Leases are taken (a pinned lookup) and ended (Release) under mu held
   // shared, beside other lookups, so they have a lock of their own; code
@@ -207,7 +215,8 @@ struct TierNamespace {
   // Queued recency updates after which a lookup applies them itself.
   static constexpr size_t kMaxPendingTouches = 4096;
   // Turns the outcome of a journal append into the request's: OK as is
-  // (compacting the journal when due); on failure a checkpoint of the
+  // (compacting the journal when due: asks the checkpointer, or writes the
+  // checkpoint here without one); on failure a checkpoint of the
   // namespace's current state makes the change durable anyway, else
   // UNAVAILABLE naming the journal. No journal: OK.
   absl::Status Journal(absl::Status appended) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);

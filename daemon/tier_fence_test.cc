@@ -4,20 +4,17 @@
 // queued work, the Fence RPC
 // (reports, releases, bad input), process death through a real child, an
 // RPC whose session closes between Resolve and the namespace lock (forced
-// through the test hook), and the per-session caps.
-#include <signal.h>
-#include <stdlib.h>
-#include <sys/wait.h>
+// through the test hook), and the per-session caps. Who may report and
+// release (attachment, ACL, instance bound to credentials):
+// tier_fence_access_test.cc; the fixture: tier_fence_test_util.h.
 #include <unistd.h>
 
-#include <filesystem>
-#include <memory>
-#include <random>
 #include <string>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "daemon/tier_core.h"
+#include "daemon/tier_fence_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -25,153 +22,11 @@ namespace kvtier::daemon {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string RandomHashes(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::string out(n * 32, '\0');
-  for (auto& c : out) c = static_cast<char>(rng());
-  return out;
-}
-
-v1::Layout TestLayout() {
-  v1::Layout l;
-  l.set_model("fence-test");
-  l.set_tokens_per_page(16);
-  l.set_num_layers(1);
-  auto* kv = l.add_page_banks();
-  kv->set_name("kv");
-  kv->set_row_bytes(256);
-  return l;
-}
-
-// A child process that lives until killed: a peer whose pid the daemon can
-// watch.
-class Sleeper {
- public:
-  Sleeper() {
-    pid_ = fork();
-    if (pid_ == 0) {
-      for (;;) pause();
-    }
-  }
-  ~Sleeper() { Kill(); }
-  pid_t pid() const { return pid_; }
-  void Kill() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
- private:
-  pid_t pid_ = -1;
-};
-
-class TierFenceTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    char tmpl[] = "/dev/shm/kvtier-fence-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    options_.segments.shm_dir = dir_;
-    options_.segments.huge_pages = shm::HugePagePolicy::kOff;
-    options_.fence.unseen_pid_hold = absl::Hours(1);
-    Start();
-  }
-  void TearDown() override {
-    core_.reset();
-    std::filesystem::remove_all(dir_);
-  }
-  void Start() { core_ = std::make_unique<TierCore>(options_); }
-
-  // A session of instance `instance` (16 bytes; empty: its own), bound to
-  // process `pid` when > 0, from client connection `connection` (the same
-  // one after a reconnection).
-  uint64_t Open(const std::string& instance = "", pid_t pid = 0,
-                uint64_t connection = 7) {
-    v1::Hello hello;
-    hello.set_client_name("engine");
-    hello.set_instance_id(instance);
-    hello.set_fence_version(1);
-    hello.set_connection_id(connection);
-    auto id = core_->OpenSession(hello, PeerInfo{});
-    EXPECT_TRUE(id.ok()) << id.status();
-    if (pid > 0) {
-      PeerInfo p;
-      p.pid = pid;
-      p.uid = getuid();
-      p.gid = getgid();
-      p.verified = true;
-      EXPECT_TRUE(core_->BindPeerCredentials(*id, p).ok());
-    }
-    return *id;
-  }
-  uint64_t Attach(uint64_t session, uint64_t rows = 16) {
-    v1::AttachRequest req;
-    req.set_session_id(session);
-    req.set_namespace_("ns");
-    *req.mutable_layout() = TestLayout();
-    req.mutable_capacity()->set_page_rows(rows);
-    v1::AttachResponse resp;
-    absl::Status s = core_->Attach(req, &resp);
-    EXPECT_TRUE(s.ok()) << s;
-    return resp.namespace_id();
-  }
-  absl::StatusOr<v1::ReserveResponse> Reserve(uint64_t session, uint64_t ns,
-                                              uint32_t pages) {
-    v1::ReserveRequest req;
-    req.set_session_id(session);
-    req.set_namespace_id(ns);
-    req.set_pages(pages);
-    v1::ReserveResponse resp;
-    absl::Status s = core_->Reserve(req, &resp);
-    if (!s.ok()) return s;
-    return resp;
-  }
-  absl::Status Commit(uint64_t session, uint64_t ns, uint64_t reservation,
-                      const std::string& hashes) {
-    v1::CommitRequest req;
-    req.set_session_id(session);
-    req.set_namespace_id(ns);
-    req.set_reservation_id(reservation);
-    req.set_hashes(hashes);
-    v1::CommitResponse resp;
-    return core_->Commit(req, &resp);
-  }
-  absl::StatusOr<v1::LookupResponse> Lookup(uint64_t session, uint64_t ns,
-                                            const std::string& hashes,
-                                            bool pin) {
-    v1::LookupRequest req;
-    req.set_session_id(session);
-    req.set_namespace_id(ns);
-    req.set_hashes(hashes);
-    req.set_pin(pin);
-    v1::LookupResponse resp;
-    absl::Status s = core_->Lookup(req, &resp);
-    if (!s.ok()) return s;
-    return resp;
-  }
-  v1::NamespaceInfo Info() {
-    v1::StatsResponse stats;
-    EXPECT_TRUE(core_->Stats({}, &stats).ok());
-    return stats.namespaces_size() > 0 ? stats.namespaces(0)
-                                       : v1::NamespaceInfo{};
-  }
-  static uint64_t Free(const v1::NamespaceInfo& n) {
-    return n.banks_size() > 0 ? n.banks(0).free_rows() : 0;
-  }
-  void ExpectInvariants() {
-    absl::Status s = core_->CheckInvariants();
-    EXPECT_TRUE(s.ok()) << s;
-  }
-
-  std::string dir_;
-  TierOptions options_;
-  std::unique_ptr<TierCore> core_;
-};
-
-const std::string kInstance(16, 'i');
-const std::string kOther(16, 'o');
+using testing::kInstance;
+using testing::kOther;
+using testing::RandomHashes;
+using testing::Sleeper;
+using testing::TierFenceTest;
 
 TEST_F(TierFenceTest, ASessionEndingWhileItsProcessLivesLeavesHolds) {
   Sleeper engine;
@@ -347,8 +202,10 @@ TEST_F(TierFenceTest, AFencedAbortIsReleasedOnlyByItsInstance) {
   EXPECT_EQ(Info().reservations(), 0u);
   EXPECT_EQ(Info().fenced_page_rows(), 4u);
   ExpectInvariants();
-  // Another instance may not release it; nothing changes.
+  // Another instance (attached to the namespace: elsewhere the hold is
+  // unknown to it) may not release it; nothing changes.
   const uint64_t thief = Open(kOther, engine.pid());
+  Attach(thief);
   v1::FenceRequest steal;
   steal.set_session_id(thief);
   steal.add_release(aborted.fence_hold());
@@ -356,8 +213,9 @@ TEST_F(TierFenceTest, AFencedAbortIsReleasedOnlyByItsInstance) {
   absl::Status denied = core_->Fence(steal, &resp);
   EXPECT_EQ(denied.code(), absl::StatusCode::kPermissionDenied) << denied;
   EXPECT_EQ(Info().fenced_page_rows(), 4u);
-  // Its own instance may, from any of its sessions.
+  // Its own instance may, from any of its sessions attached there.
   const uint64_t sibling = Open(kInstance, engine.pid());
+  Attach(sibling);
   v1::FenceRequest release;
   release.set_session_id(sibling);
   release.add_release(aborted.fence_hold());

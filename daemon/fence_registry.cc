@@ -3,6 +3,7 @@
 #include "daemon/fence_registry.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -56,6 +57,14 @@ bool ParseLine(absl::string_view line, InstanceKey* instance, HolderKey* h) {
   h->process.pid = static_cast<pid_t>(pid);
   *instance = absl::HexStringToBytes(f[1]);
   return true;
+}
+
+// The inode of process `pid`'s pid namespace; 0 when unknown (reading
+// /proc/<pid>/ns/pid needs ptrace access: root, or the same uid).
+uint64_t PidNamespace(pid_t pid) {
+  struct stat st;
+  const std::string path = absl::StrCat("/proc/", pid, "/ns/pid");
+  return ::stat(path.c_str(), &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
 }
 
 }  // namespace
@@ -175,11 +184,12 @@ void FenceRegistry::OpenSession(uint64_t session,
                                 uint64_t connection_id) {
   absl::MutexLock lock(&mu_);
   SessionEntry& e = sessions_[session];
+  e.client_id = instance_id;
   if (instance_id.empty()) {
     e.instance = std::string("s:", 2);
     e.instance.append(reinterpret_cast<const char*>(&session), sizeof(session));
   } else {
-    e.instance = instance_id;
+    e.instance = instance_id;  // Until BindPeer binds it to credentials.
   }
   // A client without a connection id is one connection per session.
   e.holder.connection = connection_id != 0 ? connection_id : session;
@@ -187,21 +197,48 @@ void FenceRegistry::OpenSession(uint64_t session,
   ++instances_[e.instance].sessions;
 }
 
-void FenceRegistry::BindProcess(uint64_t session, pid_t pid) {
+void FenceRegistry::BindPeer(uint64_t session, pid_t pid, uid_t uid) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(session);
-  if (it == sessions_.end() || it->second.holder.process.pid != 0) return;
+  if (it == sessions_.end() || it->second.bound) return;
   SessionEntry& e = it->second;
-  if (pid <= 0) return;  // Not visible: CloseSession applies the policy.
-  auto watch = ProcessWatch::Open(pid);
-  if (!watch.ok()) return;  // Gone since connect(2): so is its session.
-  e.holder.process = (*watch)->key();
-  auto [p, inserted] = processes_.try_emplace(e.holder.process);
-  if (inserted) {
-    p->second.instance = e.instance;
-    p->second.watch = *std::move(watch);
+  e.bound = true;
+  // Not visible (pid 0): CloseSession applies the unseen-pid policy.
+  absl::StatusOr<std::unique_ptr<ProcessWatch>> watch =
+      absl::NotFoundError("pid not visible");
+  uint64_t pid_namespace = 0;
+  if (pid > 0) {
+    watch = ProcessWatch::Open(pid);
+    // Read while the watch holds the process: if it has not exited after,
+    // the namespace was its (its pid was not reused meanwhile).
+    if (watch.ok()) pid_namespace = PidNamespace(pid);
+    if (watch.ok() && (*watch)->Exited()) pid_namespace = 0;
   }
-  instances_[e.instance].processes.insert(e.holder.process);
+  if (!e.client_id.empty()) {
+    InstanceKey key = e.client_id;
+    key.append(reinterpret_cast<const char*>(&uid), sizeof(uid));
+    key.append(reinterpret_cast<const char*>(&pid_namespace),
+               sizeof(pid_namespace));
+    Instance& from = instances_[e.instance];
+    if (from.sessions > 0) --from.sessions;
+    e.instance = std::move(key);
+    ++instances_[e.instance].sessions;
+  }
+  if (watch.ok()) {  // Else gone since connect(2): so is its session.
+    e.holder.process = (*watch)->key();
+    auto [p, inserted] = processes_.try_emplace(e.holder.process);
+    if (inserted) {
+      p->second.instance = e.instance;
+      p->second.watch = *std::move(watch);
+    }
+    instances_[e.instance].processes.insert(e.holder.process);
+  }
+  if (e.attached) {  // Attached before its credentials were bound.
+    if (e.holder.process.pid == 0) instances_[e.instance].unseen = true;
+    if (recorded_.insert({e.instance, e.holder}).second) {
+      RecordLocked(e.instance, e.holder);
+    }
+  }
 }
 
 void FenceRegistry::NoteHolder(uint64_t session) {
@@ -272,6 +309,23 @@ void FenceRegistry::ReportComplete(uint64_t session) {
   } else {
     waiting_unseen_.erase(std::make_pair(e.instance, e.holder.connection));
   }
+}
+
+bool FenceRegistry::RestartHolder(uint64_t session) const {
+  absl::MutexLock lock(&mu_);
+  auto it = sessions_.find(session);
+  if (it == sessions_.end()) return false;
+  const SessionEntry& e = it->second;
+  if (e.holder.process.pid != 0) {
+    for (const HolderKey& h : waiting_) {
+      if (h.process == e.holder.process) return true;
+    }
+    return false;
+  }
+  for (const auto& [key, deadline] : waiting_unseen_) {
+    if (key.first == e.instance) return true;
+  }
+  return false;
 }
 
 bool FenceRegistry::InstanceGoneLocked(const InstanceKey& key,
@@ -350,10 +404,8 @@ std::vector<std::string> FenceRegistry::RestartWaitingNames(
       out.push_back(absl::StrCat("pid ", k.process.pid));
     }
   }
-  for (const auto& [key, deadline] : waiting_unseen_) {
-    if (out.size() >= limit) break;
-    out.push_back(
-        absl::StrCat("instance ", Describe(key.first), " (pid unseen)"));
+  for (size_t i = 0; i < waiting_unseen_.size() && out.size() < limit; ++i) {
+    out.push_back("a process in a pid namespace the daemon cannot see");
   }
   return out;
 }

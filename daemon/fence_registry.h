@@ -2,11 +2,23 @@
 // rows, for the fence protocol (proto/kvtier/v1/tier.proto, "fence").
 //
 // An instance is one engine: a 16-byte id its processes present in Hello
-// (or, for a client without the protocol, just its one session). A process
-// is known once its session's credentials are bound (SO_PEERCRED; see
-// daemon/peer_credentials.h) and watched by pid and start time
-// (daemon/process_watch.h). An instance is gone when it has no open session
-// and every process of it has exited; rows fenced for it are then freed.
+// (or, for a client without the protocol, just its one session). The id
+// alone proves nothing (the vLLM connector derives it from engine_id, which
+// users set): an instance is bound to the kernel's credentials of its
+// processes. Once a session's credentials are bound (SO_PEERCRED; see
+// daemon/peer_credentials.h) its instance is the id together with the
+// peer's uid and pid namespace (BindPeer), so a process of another user,
+// or of the same user in another pid namespace (another container),
+// presenting the same id is another instance, never the first's. A session
+// whose credentials are never bound (only where --require_peer_credentials
+// is off) is an instance of the id alone, which no bound session shares.
+// Instance keys name their id: they go to logs and the state folder, never
+// to clients.
+//
+// A process is known once its session's credentials are bound and watched
+// by pid and start time (daemon/process_watch.h). An instance is gone when
+// it has no open session and every process of it has exited; rows fenced
+// for it are then freed.
 //
 // Policy for a peer whose pid the daemon cannot see (another pid namespace:
 // SO_PEERCRED gives pid 0, or credentials never bound): its instance counts
@@ -20,7 +32,9 @@
 // still alive are the restart fence's waiting set, resolved one by one when
 // the process reports (ReportComplete from a session of the same pid and
 // start time) or exits. Unseen instances wait until one of their sessions
-// reports, or `unseen_pid_hold` after the recovery.
+// reports, or `unseen_pid_hold` after the recovery. Only the processes (and
+// unseen instances) of the waiting set may take rows out of the restart
+// fence (RestartHolder): nobody else held rows before the restart.
 //
 // Thread-safety: thread-safe. Its mutex is a leaf: it is taken under
 // TierCore::mu_ and Namespace::mu, and the registry calls nothing outside.
@@ -45,8 +59,10 @@
 
 namespace kvtier::daemon {
 
-// 16 bytes from Hello.instance_id, or "s:" and 8 bytes of session id for a
-// session without one.
+// 16 bytes from Hello.instance_id, then, once the session's credentials
+// are bound, the peer's uid (4 bytes) and pid namespace (8 bytes: the inode
+// of /proc/<pid>/ns/pid, 0 when the daemon cannot see or read it); or "s:"
+// and 8 bytes of session id for a session without an id.
 using InstanceKey = std::string;
 
 inline constexpr size_t kInstanceIdBytes = 16;
@@ -91,8 +107,10 @@ class FenceRegistry {
   // checked by the caller).
   void OpenSession(uint64_t session, const std::string& instance_id,
                    uint32_t fence_version, uint64_t connection_id = 0);
-  // The session's credentials were bound: pid 0 means not visible.
-  void BindProcess(uint64_t session, pid_t pid);
+  // The session's credentials were bound (pid 0: not visible): binds its
+  // instance to `uid` and the pid namespace of process `pid` (see the file
+  // comment) and watches the process. Only the first call counts.
+  void BindPeer(uint64_t session, pid_t pid, uid_t uid);
   // The session is about to hold rows (it attached): records its process,
   // or its unseen instance, in the file the first time.
   void NoteHolder(uint64_t session);
@@ -117,6 +135,10 @@ class FenceRegistry {
   // The session's connection reported everything it holds: it leaves the
   // restart fence's waiting set.
   void ReportComplete(uint64_t session);
+  // True when the session's process (or, not visible, its instance) is one
+  // the restart fence still waits for: it held rows before the restart, so
+  // its report may keep rows of the restart fence.
+  bool RestartHolder(uint64_t session) const;
 
   // True when nothing of `instance` can touch rows any more (see the file
   // comment). Unknown instances are gone.
@@ -126,13 +148,14 @@ class FenceRegistry {
   // changed (an instance went, a waiting process resolved).
   bool Poll();
   // Processes (and unseen instances) the restart fence still waits for,
-  // and their description ("pid 123", "instance 0a1b... (pid unseen)").
+  // and their description for clients ("pid 123", "a process in a pid
+  // namespace the daemon cannot see": never an instance id).
   size_t restart_waiting() const;
   std::vector<std::string> RestartWaitingNames(size_t limit) const;
 
   size_t instances() const;
   size_t unseen_pid_processes() const;
-  // Printable instance id (hex), for logs and messages.
+  // Printable instance key (hex), for logs only.
   static std::string Describe(const InstanceKey& instance);
 
  private:
@@ -148,6 +171,8 @@ class FenceRegistry {
   };
   struct SessionEntry {
     InstanceKey instance;
+    std::string client_id;  // Hello.instance_id (empty: none).
+    bool bound = false;     // BindPeer came.
     uint32_t fence_version = 0;
     HolderKey holder;  // pid 0 until bound (or not visible).
     bool quiescent = false;

@@ -16,7 +16,9 @@
 //   3. Attach refuses a session whose credentials are not bound (unless the
 //      daemon runs with --require_peer_credentials=false), and checks them
 //      against the namespace's ACL. Every other session RPC acts only on
-//      namespaces the session attached to, so the check at Attach covers them.
+//      namespaces the session attached to, so the check at Attach covers them
+//      (Fence too: its reports and releases act only there, and its client
+//      instance is bound to these credentials: daemon/fence_registry.h).
 //
 // Why this is sound: credentials are bound to whoever first presents the
 // session id on the raw socket, and only the process that opened the session

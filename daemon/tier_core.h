@@ -126,10 +126,15 @@ class TierCore {
   // The session's Goodbye: with `quiescent`, nothing it holds has queued
   // work, so CloseSession frees at once. Unknown sessions are ignored.
   void SessionGoodbye(uint64_t session_id, bool quiescent);
-  // The Fence RPC: reports after a reconnection, releases of holds.
-  // NOT_FOUND for an unknown session; INVALID_ARGUMENT naming the field for
-  // a malformed item (then nothing changes). PERMISSION_DENIED when a
-  // released hold belongs to another instance.
+  // The Fence RPC: reports after a reconnection, releases of holds. Both
+  // act only in namespaces the session attached to (which the ACL let it):
+  // elsewhere an item gets hold 0 and a hold id is unknown. Rows of a
+  // restart fence go under a hold only for a process that held rows before
+  // the restart, and stay the fence's until no hold names them. NOT_FOUND
+  // for an unknown session; INVALID_ARGUMENT naming the field for a
+  // malformed item, PERMISSION_DENIED when a released hold belongs to
+  // another instance (another user presenting the same id is one): then
+  // nothing changes.
   absl::Status Fence(const v1::FenceRequest& request,
                      v1::FenceResponse* response);
   // Frees the holds of instances that are gone and lifts restart fences
@@ -163,10 +168,11 @@ class TierCore {
   // True when `session_id` is an open session.
   bool SessionOpen(uint64_t session_id) ABSL_LOCKS_EXCLUDED(mu_);
   // Binds the kernel's record of the session's peer (SO_PEERCRED of a
-  // connection that presented the session id) to the session. Idempotent
-  // for the same uid and gid; PERMISSION_DENIED when the session is bound to
-  // other credentials already (a binding is final); NOT_FOUND for an unknown
-  // session; INVALID_ARGUMENT when `peer` is not verified.
+  // connection that presented the session id) to the session, and its
+  // fence instance to the peer's uid and pid namespace (fence_registry.h).
+  // Idempotent for the same uid and gid; PERMISSION_DENIED when the session
+  // is bound to other credentials already (a binding is final); NOT_FOUND
+  // for an unknown session; INVALID_ARGUMENT when `peer` is not verified.
   absl::Status BindPeerCredentials(uint64_t session_id, const PeerInfo& peer);
   absl::Status Reserve(const v1::ReserveRequest& request,
                        v1::ReserveResponse* response);

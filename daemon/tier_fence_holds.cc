@@ -1,11 +1,13 @@
 // TierCore's fence holds: rows and leases that a live process may still
 // touch, kept from every Reserve until the holder confirms (tier_fence.cc)
 // or its instance is gone (SweepFences); the restart fence over what a
-// journal restored; and the sweeper that frees holds of gone instances
+// journal restored, whose rows that reports named outlive its lift until
+// no hold names them; and the sweeper that frees holds of gone instances
 // (see tier_core.h and proto/kvtier/v1/tier.proto, "fence").
 //
 // Thread-safety: thread-safe (part of TierCore; lock order in tier_core.h);
 // the *Locked functions run under the namespace's lock, as annotated.
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
@@ -17,6 +19,46 @@
 #include "spdlog/spdlog.h"
 
 namespace kvtier::daemon {
+namespace {
+
+// After the restart fence of ns lifted: frees its rows that no hold names
+// any more (FenceHold::restart_page_rows). Returns true when none is left.
+bool TrimLiftedRestartFence(TierNamespace& ns)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu) {
+  TierNamespace::RestartFence& f = *ns.restart_fence;
+  std::vector<absl::flat_hash_set<uint32_t>> pages(f.page_rows.size());
+  std::vector<absl::flat_hash_set<uint32_t>> snaps(f.snapshot_rows.size());
+  for (const auto& [id, h] : ns.holds) {
+    if (h.rank >= pages.size()) continue;
+    pages[h.rank].insert(h.restart_page_rows.begin(),
+                         h.restart_page_rows.end());
+    snaps[h.rank].insert(h.restart_snapshot_rows.begin(),
+                         h.restart_snapshot_rows.end());
+  }
+  bool empty = true;
+  auto trim = [&](std::vector<uint32_t>& rows,
+                  const absl::flat_hash_set<uint32_t>& named, bool snapshot,
+                  uint32_t rank) {
+    auto free_from = std::partition(rows.begin(), rows.end(), [&](uint32_t r) {
+      return named.contains(r);
+    });
+    const std::vector<uint32_t> freed(free_from, rows.end());
+    rows.erase(free_from, rows.end());
+    if (snapshot) {
+      (void)ns.index->FreeSnapshotRows(rank, freed);
+    } else {
+      (void)ns.index->FreePageRows(rank, freed);
+    }
+    empty = empty && rows.empty();
+  };
+  for (uint32_t rank = 0; rank < f.page_rows.size(); ++rank) {
+    trim(f.page_rows[rank], pages[rank], false, rank);
+    trim(f.snapshot_rows[rank], snaps[rank], true, rank);
+  }
+  return empty;
+}
+
+}  // namespace
 
 uint64_t TierCore::HoldReservationLocked(Namespace& ns, uint64_t id,
                                          Namespace::FenceHold::Kind kind,
@@ -39,7 +81,7 @@ uint64_t TierCore::HoldReservationLocked(Namespace& ns, uint64_t id,
   ns.reserved_page_rows -= h.page_rows.size();
   ns.reserved_snapshot_rows -= h.snapshot_rows.size();
   ns.reservations.erase(it);
-  const uint64_t hold = next_id_.fetch_add(1);
+  const uint64_t hold = ns.NewHoldId();
   ns.holds[hold] = std::move(h);
   live_holds_.fetch_add(1);
   return hold;
@@ -62,7 +104,7 @@ uint64_t TierCore::HoldLeaseLocked(Namespace& ns, uint64_t id,
   h.device_lease = it->second.device_lease;
   h.since = absl::Now();
   ns.leases.erase(it);
-  const uint64_t hold = next_id_.fetch_add(1);
+  const uint64_t hold = ns.NewHoldId();
   ns.holds[hold] = std::move(h);
   live_holds_.fetch_add(1);
   return hold;
@@ -72,6 +114,9 @@ void TierCore::ReleaseHoldLocked(Namespace& ns, uint64_t id) {
   auto it = ns.holds.find(id);
   if (it == ns.holds.end()) return;
   Namespace::FenceHold& h = it->second;
+  // Rows it names of the restart fence stay the fence's (trimmed below).
+  const bool named_restart_rows =
+      !h.restart_page_rows.empty() || !h.restart_snapshot_rows.empty();
   (void)ns.index->FreePageRows(h.rank, h.page_rows);
   (void)ns.index->FreeSnapshotRows(h.rank, h.snapshot_rows);
   devices_.Abort(h.device_pool, h.device_rows);
@@ -83,6 +128,11 @@ void TierCore::ReleaseHoldLocked(Namespace& ns, uint64_t id) {
                absl::FormatDuration(absl::Now() - h.since));
   ns.holds.erase(it);
   live_holds_.fetch_sub(1);
+  if (named_restart_rows && ns.restart_fence && ns.restart_fence->lifted &&
+      TrimLiftedRestartFence(ns)) {
+    ns.restart_fence.reset();
+    restart_fences_.fetch_sub(1);
+  }
 }
 
 void TierCore::InstallRestartFenceLocked(Namespace& ns,
@@ -174,18 +224,20 @@ void TierCore::InstallRestartFenceLocked(Namespace& ns,
 }
 
 void TierCore::LiftRestartFenceLocked(Namespace& ns) {
-  if (!ns.restart_fence) return;
+  if (!ns.restart_fence || ns.restart_fence->lifted) return;
   Namespace::RestartFence& f = *ns.restart_fence;
-  for (uint32_t rank = 0; rank < f.page_rows.size(); ++rank) {
-    (void)ns.index->FreePageRows(rank, f.page_rows[rank]);
-    (void)ns.index->FreeSnapshotRows(rank, f.snapshot_rows[rank]);
-  }
   for (uint32_t node : f.pinned_nodes) (void)ns.index->Unpin(node);
+  f.pinned_nodes.clear();
+  f.pinned_pages = 0;
+  f.lifted = true;
   SPDLOG_INFO("namespace '{}': restart fence lifted after {}", ns.name,
               absl::FormatDuration(absl::Now() - f.since));
-  ns.restart_fence.reset();
-  restart_fences_.fetch_sub(1);
   restart_fences_lifted_.fetch_add(1);
+  // Its rows go, but for those the holds of reports still name.
+  if (TrimLiftedRestartFence(ns)) {
+    ns.restart_fence.reset();
+    restart_fences_.fetch_sub(1);
+  }
 }
 
 absl::Status TierCore::ExplainFenceLocked(Namespace& ns, absl::Status refused) {
@@ -204,13 +256,20 @@ absl::Status TierCore::ExplainFenceLocked(Namespace& ns, absl::Status refused) {
   if (ns.restart_fence) {
     uint64_t claimed = 0;
     for (const auto& r : ns.restart_fence->page_rows) claimed += r.size();
-    const std::vector<std::string> who = fence_->RestartWaitingNames(4);
-    absl::StrAppend(&why, "; the restart fence keeps ", claimed,
-                    " rows reserved and ", ns.restart_fence->pinned_pages,
-                    " pages committed before the daemon restarted, until ",
-                    fence_->restart_waiting(),
-                    " processes that held rows then report or exit (",
-                    absl::StrJoin(who, ", "), ")");
+    if (ns.restart_fence->lifted) {
+      absl::StrAppend(&why, "; ", claimed,
+                      " rows reserved before the daemon restarted stay "
+                      "fenced under the holds of the reports that named them");
+    } else {
+      // Pids only: an instance id is a client's own (fence_registry.h).
+      const std::vector<std::string> who = fence_->RestartWaitingNames(4);
+      absl::StrAppend(&why, "; the restart fence keeps ", claimed,
+                      " rows reserved and ", ns.restart_fence->pinned_pages,
+                      " pages committed before the daemon restarted, until ",
+                      fence_->restart_waiting(),
+                      " processes that held rows then report or exit (",
+                      absl::StrJoin(who, ", "), ")");
+    }
   }
   return absl::ResourceExhaustedError(absl::StrCat(
       refused.message(), "; fenced: ", why,

@@ -79,18 +79,29 @@ struct TierNamespace {
     uint32_t pin_node = kNoNode;
     uint32_t pin_pages = 0;
     uint64_t device_lease = 0;
+    // Rows of the restart fence that a report after a restart named: they
+    // stay the restart fence's (RestartFence::page_rows), which keeps them,
+    // even after it lifted, until no hold names them any more. So a row
+    // that two processes from before the restart both report (the fence
+    // cannot tell whose it was) is freed only once both released it.
+    std::vector<uint32_t> restart_page_rows;
+    std::vector<uint32_t> restart_snapshot_rows;
     absl::Time since;
   };
   // After a restart, until every process that held rows before it has
   // reported or exited (FenceRegistry's waiting set): the rows that were
   // reserved then stay claimed, and every restored leaf and snapshot node
   // stays pinned, so nothing from before the restart is handed out.
+  // Once they all have, it lifts: its pins go, and of its rows only those
+  // a hold still names (FenceHold::restart_page_rows) stay, each until no
+  // hold names it; then it is gone.
   struct RestartFence {
     std::vector<std::vector<uint32_t>> page_rows;  // Per rank, claimed.
     std::vector<std::vector<uint32_t>> snapshot_rows;
     std::vector<uint32_t> pinned_nodes;
     uint64_t pinned_pages = 0;  // Restored nodes it protects.
     absl::Time since;
+    bool lifted = false;
   };
 
   // Immutable after construction.
@@ -202,6 +213,10 @@ struct TierNamespace {
   uint64_t dropped_snapshots ABSL_GUARDED_BY(mu) = 0;
 
   bool hybrid() const { return layout.snapshot_row_bytes() > 0; }
+  // An id for a new fence hold: non-zero, none of this namespace's, and
+  // unguessable (64 bits from the kernel's getrandom(2)): a hold id is what
+  // a client presents to release the rows.
+  uint64_t NewHoldId() const ABSL_SHARED_LOCKS_REQUIRED(mu);
   uint32_t StorageRank(uint32_t tp_rank) const {
     return layout.replicated() ? 0 : tp_rank;
   }

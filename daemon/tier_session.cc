@@ -142,7 +142,8 @@ absl::Status TierCore::BindPeerCredentials(uint64_t session_id,
         " already; uid ", peer.uid, " cannot take it over"));
   }
   bound = peer;
-  fence_->BindProcess(session_id, peer.pid);
+  // The session's fence instance is bound to these credentials too.
+  fence_->BindPeer(session_id, peer.pid, peer.uid);
   SPDLOG_INFO("session {}: peer pid {} uid {} gid {}", SessionTag(session_id),
               peer.pid, peer.uid, peer.gid);
   return absl::OkStatus();

@@ -37,9 +37,25 @@
 //   put    SOCKET NS CAPACITY PAGES SEED
 //       reserves, writes and commits SEED's prefix, prints "COMMITTED
 //       ROWS r,r,...", and exits.
+//   fence  SOCKET NS CAPACITY PAGES SEED INSTANCE ROWS
+//       a client that says what it likes: speaks the engine protocol by
+//       hand (libkvtier reports only what it holds). Opens a session
+//       presenting INSTANCE, attaches NS and prints "ATTACHED"; on SIGUSR1
+//       (after a daemon restart, say) opens another, attaches, reports ROWS
+//       (r,r,...) in NS with report_complete, then releases the holds it was
+//       answered and every hold id from 1 to 4096. Prints "STOLE report=<code>
+//       holds=<non-zero holds> release=<code> released=<n>" and "DONE";
+//       then sleeps until killed.
 //
-// Exit codes: 0 done, 1 a check failed, 2 usage, 3 could not connect/attach.
+// With --as=USER first, the process becomes USER (initgroups, setgid,
+// setuid) before anything else, so kvtierd sees that user's SO_PEERCRED.
+//
+// Exit codes: 0 done, 1 a check failed, 2 usage, 3 could not connect/attach,
+// 4 could not become USER.
+#include <grp.h>
+#include <pwd.h>
 #include <signal.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -50,16 +66,20 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "client/client.h"
+#include "client/engine_link.h"
 #include "client/mirror.h"
 #include "client/reference_stream.h"
 #include "client/transfer_engine.h"
+#include "common/fast_lookup.h"
 #include "kernels/spin_wait.h"
+#include "kvtier/v1/tier.pb.h"
 #include "tests/test_pattern.h"
 
 #if KVTIER_HAVE_CUDA
@@ -271,6 +291,131 @@ std::string Rows(absl::Span<const uint32_t> rows) {
   return absl::StrJoin(rows, ",");
 }
 
+// Becomes user `name` (its groups, gid and uid); false when it cannot.
+bool BecomeUser(const std::string& name) {
+  const passwd* pw = getpwnam(name.c_str());
+  return pw != nullptr && initgroups(name.c_str(), pw->pw_gid) == 0 &&
+         setgid(pw->pw_gid) == 0 && setuid(pw->pw_uid) == 0;
+}
+
+// A session opened by hand over the engine protocol (common/fast_lookup.h),
+// attached to a namespace of tests/test_pattern.h's layout. It lives while
+// `fd` is open (until the process exits).
+struct RawSession {
+  int fd = -1;
+  uint64_t id = 0;
+  kvtier::client::EngineLink link;
+};
+
+absl::Status OpenRaw(const std::string& socket, const std::string& ns,
+                     uint64_t capacity, const std::string& instance,
+                     RawSession* s) {
+  namespace fastpath = kvtier::fastpath;
+  kvtier::v1::Hello hello;
+  hello.set_client_name("fence-raw");
+  hello.set_pid(static_cast<uint32_t>(getpid()));
+  hello.set_instance_id(instance);
+  hello.set_connection_id(0x7e57);  // The same one for each session.
+  hello.set_fence_version(1);
+  const std::string bytes = hello.SerializeAsString();
+  fastpath::Open open;
+  open.hello_bytes = static_cast<uint32_t>(bytes.size());
+  const iovec frame[2] = {{&open, sizeof(open)},
+                          {const_cast<char*>(bytes.data()), bytes.size()}};
+  fastpath::OpenReply reply;
+  std::string why;
+  const std::string engine = socket + ".lookup";
+  s->fd = kvtier::client::DialEngineSocket(
+      engine, frame, 2, &reply, sizeof(reply), absl::Now() + absl::Seconds(10),
+      /*wait_for_daemon=*/true, &why);
+  if (s->fd < 0) return absl::UnavailableError(why);
+  if (reply.magic != fastpath::kReplyMagic || reply.code != 0 ||
+      reply.session_id == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("session refused, code ", reply.code));
+  }
+  s->id = reply.session_id;
+  if (absl::Status b = s->link.Bind(engine, s->id, absl::Seconds(10));
+      !b.ok()) {
+    return b;
+  }
+  const kvtier::client::AttachOptions o = TestAttachOptions(ns);
+  kvtier::v1::AttachRequest req;
+  req.set_api_version(1);
+  req.set_session_id(s->id);
+  req.set_namespace_(ns);
+  kvtier::v1::Layout* l = req.mutable_layout();
+  l->set_model(o.layout.model);
+  l->set_tokens_per_page(o.layout.tokens_per_page);
+  l->set_num_layers(o.layout.num_layers);
+  for (const auto& b : o.layout.page_banks) {
+    auto* pb = l->add_page_banks();
+    pb->set_name(b.name);
+    pb->set_row_bytes(b.row_bytes);
+    pb->set_dtype(b.dtype);
+  }
+  req.mutable_capacity()->set_page_rows(capacity);
+  kvtier::v1::AttachResponse resp;
+  return s->link.Call(s->id, fastpath::Method::kAttach, "Attach", req, &resp,
+                      absl::Seconds(30));
+}
+
+// The "fence" mode (see the top of the file).
+int RawFence(const std::string& socket, const std::string& ns,
+             uint64_t capacity, const std::string& instance,
+             const std::string& rows_arg) {
+  namespace fastpath = kvtier::fastpath;
+  std::vector<uint32_t> rows;
+  for (absl::string_view r : absl::StrSplit(rows_arg, ',')) {
+    uint32_t row = 0;
+    if (!absl::SimpleAtoi(r, &row)) return 2;
+    rows.push_back(row);
+  }
+  RawSession first;
+  if (absl::Status s = OpenRaw(socket, ns, capacity, instance, &first);
+      !s.ok()) {
+    return Die("open", s);
+  }
+  Say("ATTACHED");
+  AwaitGo();
+  RawSession second;
+  if (absl::Status s = OpenRaw(socket, ns, capacity, instance, &second);
+      !s.ok()) {
+    return Die("reopen", s);
+  }
+  kvtier::v1::FenceRequest report;
+  report.set_api_version(1);
+  report.set_session_id(second.id);
+  report.set_report_complete(true);
+  kvtier::v1::FenceItem* item = report.add_report();
+  item->set_namespace_(ns);
+  item->mutable_page_rows()->Assign(rows.begin(), rows.end());
+  kvtier::v1::FenceResponse reported;
+  const absl::Status r =
+      second.link.Call(second.id, fastpath::Method::kFence, "Fence", report,
+                       &reported, absl::Seconds(10));
+  kvtier::v1::FenceRequest release;
+  release.set_api_version(1);
+  release.set_session_id(second.id);
+  int holds = 0;
+  for (uint64_t h : reported.holds()) {
+    if (h == 0) continue;
+    ++holds;
+    release.add_release(h);
+  }
+  for (uint64_t guess = 1; guess <= 4096; ++guess) release.add_release(guess);
+  kvtier::v1::FenceResponse released;
+  const absl::Status d =
+      second.link.Call(second.id, fastpath::Method::kFence, "Fence", release,
+                       &released, absl::Seconds(10));
+  Say(absl::StrCat("STOLE report=", static_cast<int>(r.code()),
+                   " holds=", holds, " release=", static_cast<int>(d.code()),
+                   " released=", released.released()));
+  Say("DONE");
+  SleepForever();
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -278,6 +423,15 @@ int main(int argc, char** argv) {
   sigemptyset(&set);
   sigaddset(&set, SIGUSR1);
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  if (argc > 1 && absl::StartsWith(argv[1], "--as=")) {
+    if (!BecomeUser(argv[1] + 5)) {
+      std::fprintf(stderr, "kvtier_fence_client: cannot become %s\n",
+                   argv[1] + 5);
+      return 4;
+    }
+    ++argv;
+    --argc;
+  }
   if (argc < 7) {
     std::fprintf(stderr,
                  "usage: kvtier_fence_client MODE SOCKET NS CAPACITY PAGES "
@@ -305,6 +459,9 @@ int main(int argc, char** argv) {
   std::string instance;
   if (argc > 7 && std::strlen(argv[7]) == 32) {
     instance = absl::HexStringToBytes(argv[7]);
+  }
+  if (mode == "fence" && argc == 9) {
+    return RawFence(argv[2], argv[3], capacity, instance, argv[8]);
   }
   Engine e;
   if (absl::Status s = Open(argv[2], argv[3], capacity, pages, instance, &e);

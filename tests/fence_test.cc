@@ -7,7 +7,9 @@
 // copies may still run, and what another engine commits reads back as it
 // wrote it. Each scenario prints one "FENCE {json}" line with its figures:
 // rows fenced, and how long after the holder confirmed (or died) they were
-// free again. No test asserts a time.
+// free again. No test asserts a time. With real users (FenceUsersTest,
+// root only): another user presenting the victim's instance id, by hand,
+// neither frees the victim's rows nor gets them handed to anyone.
 //
 // Built twice: fence_test, whose engines queue on the reference backend
 // (a ReferenceStream held by a spin), and, with CUDA, tests/gpu's
@@ -15,6 +17,7 @@
 // behind a spin kernel that waits for the test; it skips without a GPU.
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -35,6 +38,7 @@
 #include "tests/daemon_probe.h"
 #include "tests/daemon_process.h"
 #include "tests/test_pattern.h"
+#include "tests/test_users.h"
 
 #ifdef KVTIER_FENCE_CUDA
 #include <cuda_runtime_api.h>
@@ -87,13 +91,13 @@ class FenceTest : public ::testing::Test {
     }
     setenv("KVTIER_FENCE_BACKEND", "cuda", 1);
 #endif
-    ASSERT_TRUE(daemon_.Start({"--fence_sweep_ms=10"}).ok());
+    ASSERT_TRUE(daemon_.Start(flags_).ok());
     probe_ = std::make_unique<DaemonProbe>(daemon_.socket());
   }
 
   void Restart() {
     daemon_.Kill();
-    ASSERT_TRUE(daemon_.Start({"--fence_sweep_ms=10"}).ok());
+    ASSERT_TRUE(daemon_.Start(flags_).ok());
     probe_ = std::make_unique<DaemonProbe>(daemon_.socket());
   }
 
@@ -204,6 +208,7 @@ class FenceTest : public ::testing::Test {
     std::fflush(stdout);
   }
 
+  std::vector<std::string> flags_ = {"--fence_sweep_ms=10"};
   DaemonProcess daemon_;
   std::unique_ptr<DaemonProbe> probe_;
   std::unique_ptr<Client> b_;
@@ -472,6 +477,130 @@ TEST_F(FenceTest, AMirrorWhoseSessionLivesStores) {
   ASSERT_TRUE(
       m.WaitForLine("STORED revoked=0 unchanged=0", absl::Seconds(30)).ok())
       << m.output();
+}
+#endif  // KVTIER_FENCE_CUDA
+
+#ifndef KVTIER_FENCE_CUDA  // Who may fence does not depend on the backend.
+// Two users of the daemon's group: the victim V and another, T. kvtierd
+// runs with --group; the clients become their user (--as).
+class FenceUsersTest : public FenceTest {
+ protected:
+  void SetUp() override {
+    if (const std::string why = CannotCreateUsers(); !why.empty()) {
+      if (UsersRequired()) FAIL() << why << " (KVTIER_REQUIRE_USERS=1)";
+      GTEST_SKIP() << why;
+    }
+    ASSERT_TRUE(EnsureGroup(kGroup).ok());
+    auto v = EnsureUser("kvtier-fence-v", kGroup);
+    auto t = EnsureUser("kvtier-fence-t", kGroup);
+    ASSERT_TRUE(v.ok() && t.ok()) << v.status() << t.status();
+    flags_.push_back(absl::StrCat("--group=", kGroup));
+    FenceTest::SetUp();
+    // Only the files' own modes guard them: the folders are open to all.
+    ASSERT_EQ(chmod(daemon_.dir().c_str(), 0755), 0);
+    ASSERT_EQ(chmod(daemon_.shm_dir().c_str(), 0755), 0);
+  }
+  // `args` run as user `name`.
+  static std::vector<std::string> As(const std::string& name,
+                                     std::vector<std::string> args) {
+    args.insert(args.begin(), "--as=" + name);
+    return args;
+  }
+  // B takes every free row and commits seed's pattern into them.
+  std::vector<uint32_t> TakeTheRest(uint64_t seed) {
+    const uint64_t free = Info().banks(0).free_rows();
+    auto r = ns_->Reserve(free);
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return {};
+    WriteAndCommit(*r, seed);
+    return {r->page_rows().begin(), r->page_rows().end()};
+  }
+  static constexpr char kGroup[] = "kvtier-fence";
+};
+
+// V's copy into its 64 rows is queued when kvtierd restarts; T, which
+// attached before the restart too, reconnects presenting V's instance id,
+// reports V's rows and releases what it was answered and every small hold
+// id. V's rows stay fenced, B is handed none of them, and V's late writes
+// leave B's prefix as B wrote it.
+TEST_F(FenceUsersTest, AnotherUsersFenceAcrossARestartFreesNoneOfTheRows) {
+  constexpr uint64_t kCapacity = 96;
+  std::vector<std::string> write = Args("write", kCapacity, 64, 1);
+  write.push_back(kEngineA);
+  write.push_back("commit");
+  Child a = Spawn(As("kvtier-fence-v", write));
+  ASSERT_TRUE(a.WaitForLine("QUEUED", absl::Seconds(30)).ok()) << a.output();
+  const std::vector<uint32_t> rows_a = RowsOf(a.output(), "ROWS ");
+  ASSERT_EQ(rows_a.size(), 64u);
+  std::vector<std::string> steal = Args("fence", kCapacity, 64, 1);
+  steal.push_back(kEngineA);
+  steal.push_back(absl::StrJoin(rows_a, ","));
+  Child t = Spawn(As("kvtier-fence-t", steal));
+  ASSERT_TRUE(t.WaitForLine("ATTACHED", absl::Seconds(30)).ok()) << t.output();
+  a.Signal(SIGSTOP);
+  Restart();
+  t.Signal(SIGUSR1);
+  ASSERT_TRUE(t.WaitForLine("DONE", absl::Seconds(30)).ok()) << t.output();
+  EXPECT_EQ(Fenced(Info()), 64u) << t.output();
+  ConnectB(kCapacity);
+  const std::vector<uint32_t> rows_b = TakeTheRest(2);
+  EXPECT_TRUE(Disjoint(rows_a, rows_b));
+  a.Signal(SIGCONT);
+  WaitFor("V's report", [](const v1::NamespaceInfo& n) {
+    return n.restart_fence_processes() == 0 && n.fence_holds() == 1;
+  });
+  a.Signal(SIGUSR1);
+  ASSERT_TRUE(a.WaitForLine(
+                   absl::StrCat("LANDED ", static_cast<int>(
+                                               absl::StatusCode::kUnavailable)),
+                   absl::Seconds(30))
+                  .ok())
+      << a.output();
+  WaitFor("V's rows", [](const v1::NamespaceInfo& n) {
+    return Fenced(n) == 0 && n.fence_holds() == 0;
+  });
+  bool intact = false;
+  EXPECT_EQ(ReadBack(2, rows_b.size(), &intact), rows_b);
+  EXPECT_TRUE(intact) << "V's late writes reached B's rows";
+  ExpectVerified();
+}
+
+// Without a restart: V dropped a reservation with its copy queued (a hold
+// until V exits). T, presenting V's instance id, releases every small hold
+// id: V's hold stays, and B is handed none of V's rows.
+TEST_F(FenceUsersTest, AnotherUsersReleaseFreesNoHoldOfTheVictim) {
+  constexpr uint64_t kCapacity = 72;
+  std::vector<std::string> write = Args("write", kCapacity, 64, 9);
+  write.push_back(kEngineA);
+  write.push_back("drop");
+  Child a = Spawn(As("kvtier-fence-v", write));
+  ASSERT_TRUE(a.WaitForLine("QUEUED", absl::Seconds(30)).ok()) << a.output();
+  const std::vector<uint32_t> rows_a = RowsOf(a.output(), "ROWS ");
+  WaitFor("the abandoned reservation's hold", [](const v1::NamespaceInfo& n) {
+    return n.fence_holds() == 1 && Fenced(n) == 64;
+  });
+  std::vector<std::string> steal = Args("fence", kCapacity, 64, 9);
+  steal.push_back(kEngineA);
+  steal.push_back(absl::StrJoin(rows_a, ","));
+  Child t = Spawn(As("kvtier-fence-t", steal));
+  ASSERT_TRUE(t.WaitForLine("ATTACHED", absl::Seconds(30)).ok()) << t.output();
+  t.Signal(SIGUSR1);
+  ASSERT_TRUE(t.WaitForLine("DONE", absl::Seconds(30)).ok()) << t.output();
+  EXPECT_THAT(t.output(), HasSubstr("released=0"));
+  EXPECT_EQ(Info().fence_holds(), 1u);
+  EXPECT_EQ(Fenced(Info()), 64u);
+  ConnectB(kCapacity);
+  const std::vector<uint32_t> rows_b = TakeTheRest(10);
+  EXPECT_TRUE(Disjoint(rows_a, rows_b));
+  a.Signal(SIGUSR1);
+  ASSERT_TRUE(a.WaitForLine("LANDED -1", absl::Seconds(30)).ok()) << a.output();
+  bool intact = false;
+  EXPECT_EQ(ReadBack(10, rows_b.size(), &intact), rows_b);
+  EXPECT_TRUE(intact) << "V's late writes reached B's rows";
+  a.Signal(SIGKILL);
+  WaitFor("the exited process's rows",
+          [](const v1::NamespaceInfo& n) { return Fenced(n) == 0; });
+  ExpectVerified();
 }
 #endif  // KVTIER_FENCE_CUDA
 

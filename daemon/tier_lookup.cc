@@ -16,6 +16,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
+#include "daemon/random_id.h"
 #include "daemon/tier_core.h"
 #include "daemon/tier_request.h"
 
@@ -151,7 +152,10 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
               "some"));
         }
       }
-      const uint64_t lease = next_id_.fetch_add(1);
+      uint64_t lease = 0;  // Random, like every id handed out (random_id.h).
+      do {
+        lease = RandomId();
+      } while (ns.leases.contains(lease));
       ns.index->Pin(r.pin_node);
       Namespace::Lease l{session_id, r.pin_node, r.usable_pages};
       if (auto d = device_hit(true)) {

@@ -6,29 +6,16 @@
 // where a method requires it).
 #include "daemon/tier_namespace.h"
 
-#include <sys/random.h>
-
-#include <cerrno>
-
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "daemon/random_id.h"
 #include "spdlog/spdlog.h"
 
 namespace kvtier::daemon {
 
 uint64_t TierNamespace::NewHoldId() const {
   for (;;) {
-    uint64_t id = 0;
-    ssize_t got = 0;
-    do {
-      got = ::getrandom(&id, sizeof(id), 0);
-    } while (got < 0 && errno == EINTR);
-    if (got != static_cast<ssize_t>(sizeof(id))) {
-      // getrandom refused (a filter's ENOSYS): Randen, seeded from the OS.
-      absl::BitGen gen;
-      id = absl::Uniform<uint64_t>(gen);
-    }
-    if (id != 0 && !holds.contains(id)) return id;
+    const uint64_t id = RandomId();
+    if (!holds.contains(id)) return id;
   }
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "daemon/random_id.h"
 #include "daemon/tier_core.h"
 #include "daemon/tier_request.h"
 
@@ -101,7 +102,12 @@ absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
       return s;
     }
   }
-  const uint64_t id = next_id_.fetch_add(1);
+  // Random, not counted (random_id.h): a count would tell every session
+  // how busy the others are.
+  uint64_t id = 0;
+  do {
+    id = RandomId();
+  } while (ns.reservations.contains(id));
   resp->set_reservation_id(id);
   resp->mutable_page_rows()->Assign(pages.begin(), pages.end());
   resp->mutable_snapshot_rows()->Assign(snaps.begin(), snaps.end());

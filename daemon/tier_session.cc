@@ -7,9 +7,9 @@
 #include <utility>
 #include <vector>
 
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "common/error_reason.h"
+#include "daemon/random_id.h"
 #include "daemon/tier_core.h"
 #include "daemon/tier_request.h"
 #include "spdlog/spdlog.h"
@@ -27,12 +27,11 @@ absl::StatusOr<uint64_t> TierCore::OpenSession(const v1::Hello& hello,
         absl::StrCat("hello.instance_id: must be empty or ", kInstanceIdBytes,
                      " bytes, got ", hello.instance_id().size()));
   }
-  absl::BitGen gen;
   absl::MutexLock lock(&mu_);
   uint64_t id = 0;
   do {
-    id = absl::Uniform<uint64_t>(gen);
-  } while (id == 0 || sessions_.contains(id));
+    id = RandomId();  // The session's capability (random_id.h).
+  } while (sessions_.contains(id));
   Session& s = sessions_[id];
   s.id = id;
   s.client_name = hello.client_name();

@@ -104,6 +104,14 @@ absl::Status DaemonError(absl::string_view what, int32_t code, uint32_t reason,
   return s;
 }
 
+// True when idle connection `fd` has neither been closed by the daemon nor
+// sent anything (an idle connection has no reply due).
+bool StillOpen(int fd) {
+  char c;
+  const ssize_t r = ::recv(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+}
+
 }  // namespace
 
 bool SetSocketTimeouts(int fd, absl::Duration timeout) {
@@ -196,6 +204,13 @@ absl::Status EngineLink::Acquire(uint64_t expected, absl::Time deadline,
                   ? "no session with kvtierd (reconnecting)"
                   : "the request's session with kvtierd ended (reconnected)"),
           ErrorReason::kDaemonUnreachable);
+    }
+    // An idle connection the daemon has closed meanwhile (its idle
+    // timeout) is dropped, not used: the request would fail as an outage.
+    while (!idle_.empty() && !StillOpen(idle_.back().fd)) {
+      ::close(idle_.back().fd);
+      idle_.pop_back();
+      --open_;
     }
     if (!idle_.empty()) {
       *c = idle_.back();

@@ -7,7 +7,9 @@
 // when none is idle and fewer than kMaxConnections are open), runs one
 // request on it and gives it back. Every read and write carries the call's
 // deadline (SO_RCVTIMEO and SO_SNDTIMEO); a connection that failed or timed
-// out mid-call is closed, never reused, so replies never cross. Bind moves
+// out mid-call is closed, never reused, so replies never cross. An idle
+// connection the daemon closed (kvtierd --fast_lookup_idle_timeout_ms) is
+// dropped when next taken, and another one dialled. Bind moves
 // the pool to a new session (after a reconnection); connections of the old
 // one are closed as they come back.
 //

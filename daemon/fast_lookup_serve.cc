@@ -1,15 +1,21 @@
 // FastLookupServer's serving threads (daemon/fast_lookup_server.h): a
 // session connection's open, control frames and close; a call connection's
-// lookups and calls. One thread per served connection, blocked in read().
+// lookups and calls. One thread per served connection, blocked in read()
+// until a frame starts (a call connection at most its idle timeout), then
+// reading the frame by its deadline.
 //
 // Thread-safety: each serving thread owns its fd; what they share with the
 // acceptor and Stop is under mu_.
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -55,25 +61,107 @@ absl::Status TooLarge(const char* what, uint32_t bytes, uint32_t limit,
                           " this kvtierd accepts"));
 }
 
-}  // namespace
+using Clock = std::chrono::steady_clock;
 
-bool FastLookupServer::TakePayload(int fd, uint32_t bytes, uint32_t limit,
-                                   bool fits, const char* what,
-                                   std::string* payload,
-                                   absl::Status* refused) {
-  *refused = absl::OkStatus();
-  if (bytes <= limit && fits) return ReadPayload(fd, bytes, payload);
-  // Refused with an answer, the connection kept: the bytes are read and
-  // dropped, never held.
-  *refused = TooLarge(what, bytes, limit, bytes <= limit);
-  return Discard(fd, bytes);
+// Waits until `fd` is readable (or hung up) or `end` passes; false with
+// errno ETIMEDOUT at `end`, or poll's errno.
+bool WaitReadable(int fd, Clock::time_point end) {
+  for (;;) {
+    const Clock::time_point now = Clock::now();
+    if (now >= end) {
+      errno = ETIMEDOUT;
+      return false;
+    }
+    // Rounded up: waking early would only loop.
+    const auto ms =
+        std::chrono::ceil<std::chrono::milliseconds>(end - now).count();
+    pollfd p{fd, POLLIN, 0};
+    const int r = ::poll(&p, 1,
+                         static_cast<int>(std::min<int64_t>(
+                             ms, std::numeric_limits<int>::max())));
+    if (r > 0) return true;
+    if (r < 0 && errno != EINTR) return false;
+  }
 }
 
-bool FastLookupServer::Discard(int fd, uint32_t bytes) {
+// Reads exactly `n` bytes into `p` by `end`: what has arrived at once, then
+// waiting for the rest. False when the peer left (errno 0), the connection
+// broke, or `end` passed (errno ETIMEDOUT).
+bool ReadFullBy(int fd, void* p, size_t n, Clock::time_point end) {
+  char* out = static_cast<char*>(p);
+  while (n > 0) {
+    const ssize_t r = ::recv(fd, out, n, MSG_DONTWAIT);
+    if (r > 0) {
+      out += r;
+      n -= static_cast<size_t>(r);
+      continue;
+    }
+    if (r == 0) {
+      errno = 0;
+      return false;
+    }
+    if (errno == EINTR) continue;
+    if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+    if (!WaitReadable(fd, end)) return false;
+  }
+  return true;
+}
+
+// Counts the close of a connection whose frame missed its end (errno
+// ETIMEDOUT after a failed read); nothing for a peer that left.
+void CountIfLate() {
+  if (errno == ETIMEDOUT) CountFastLookupClose(FastLookupClose::kFrameDeadline);
+}
+
+}  // namespace
+
+bool FastLookupServer::ReadHeader(int fd, void* header, size_t bytes,
+                                  Clock::time_point* frame_end) const {
+  char* out = static_cast<char*>(header);
+  ssize_t r;
+  do {
+    // Blocks for the frame's first bytes, within SO_RCVTIMEO if set.
+    r = ::recv(fd, out, bytes, 0);
+  } while (r < 0 && errno == EINTR);
+  if (r <= 0) {
+    if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+      CountFastLookupClose(FastLookupClose::kIdle);
+    }
+    return false;
+  }
+  *frame_end =
+      Clock::now() + absl::ToChronoNanoseconds(options_.frame_deadline);
+  const size_t got = static_cast<size_t>(r);
+  if (got < bytes && !ReadFullBy(fd, out + got, bytes - got, *frame_end)) {
+    CountIfLate();
+    return false;
+  }
+  return true;
+}
+
+bool FastLookupServer::TakePayload(int fd, uint32_t bytes, uint32_t limit,
+                                   bool fits, Clock::time_point end,
+                                   const char* what, std::string* payload,
+                                   absl::Status* refused) {
+  *refused = absl::OkStatus();
+  bool ok;
+  if (bytes <= limit && fits) {
+    ok = ReadPayload(fd, bytes, end, payload);
+  } else {
+    // Refused with an answer, the connection kept: the bytes are read and
+    // dropped, never held.
+    *refused = TooLarge(what, bytes, limit, bytes <= limit);
+    ok = Discard(fd, bytes, end);
+  }
+  if (!ok) CountIfLate();
+  return ok;
+}
+
+bool FastLookupServer::Discard(int fd, uint32_t bytes, Clock::time_point end) {
   char sink[64 << 10];
   while (bytes > 0) {
     const uint32_t n = std::min<uint32_t>(bytes, sizeof(sink));
-    if (!ReadFull(fd, sink, n)) return false;
+    if (!ReadFullBy(fd, sink, n, end)) return false;
     bytes -= n;
   }
   return true;
@@ -94,29 +182,21 @@ FastLookupServer::PayloadBudget::~PayloadBudget() {
   server_->inflight_bytes_.fetch_sub(bytes_);
 }
 
-bool FastLookupServer::ReadWithin(int fd, uint32_t bytes, std::string* buf) {
-  // As the first frame, the rest of an Open comes within the deadline.
-  const timeval limit = absl::ToTimeval(options_.hello_deadline);
-  const timeval none{};
-  return ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit)) ==
-             0 &&
-         ReadPayload(fd, bytes, buf) &&
-         ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none)) == 0;
-}
-
-bool FastLookupServer::ReadPayload(int fd, uint32_t bytes, std::string* buf) {
+bool FastLookupServer::ReadPayload(int fd, uint32_t bytes,
+                                   Clock::time_point end, std::string* buf) {
   buf->clear();
   while (buf->size() < bytes) {
     const size_t have = buf->size();
     const size_t chunk =
         std::min<size_t>(bytes - have, std::max(kFirstChunk, have));
     buf->resize(have + chunk);
-    if (!ReadFull(fd, buf->data() + have, chunk)) return false;
+    if (!ReadFullBy(fd, buf->data() + have, chunk, end)) return false;
   }
   return true;
 }
 
-void FastLookupServer::Serve(uint64_t id, int fd, uid_t uid, Hello first) {
+void FastLookupServer::Serve(uint64_t id, int fd, uid_t uid, Hello first,
+                             Clock::time_point first_end) {
   // A peer that stops reading its replies loses the connection rather than
   // holding this thread (and what its last request pinned).
   const timeval send_limit = absl::ToTimeval(kSendTimeout);
@@ -125,7 +205,7 @@ void FastLookupServer::Serve(uint64_t id, int fd, uid_t uid, Hello first) {
   if (first.magic == kOpenMagic) {
     Open open;
     std::memcpy(static_cast<void*>(&open), &first, sizeof(open));
-    ServeSession(fd, open);
+    ServeSession(fd, open, first_end);
   } else {
     ServeCalls(fd, first);
   }
@@ -142,7 +222,8 @@ void FastLookupServer::Serve(uint64_t id, int fd, uid_t uid, Hello first) {
   ::close(fd);
 }
 
-void FastLookupServer::ServeSession(int fd, const Open& open) {
+void FastLookupServer::ServeSession(int fd, const Open& open,
+                                    Clock::time_point open_end) {
   OpenReply reply;
   std::string message;
   uint64_t session = 0;
@@ -156,8 +237,12 @@ void FastLookupServer::ServeSession(int fd, const Open& open) {
     if (open.hello_bytes > kMaxOpenBytes) {
       s = absl::InvalidArgumentError(absl::StrCat(
           "open: hello_bytes ", open.hello_bytes, " > ", kMaxOpenBytes));
-    } else if (!ReadWithin(fd, open.hello_bytes, &bytes)) {
-      return;  // The peer left, or sent too little before the deadline.
+    } else if (!ReadPayload(fd, open.hello_bytes, open_end, &bytes)) {
+      // The peer left, or the first frame was not whole by its deadline.
+      if (errno == ETIMEDOUT) {
+        CountFastLookupClose(FastLookupClose::kHelloDeadline);
+      }
+      return;
     } else if (!hello.ParseFromString(bytes)) {
       s = absl::InvalidArgumentError("open: not a well-formed kvtier.v1.Hello");
     }
@@ -196,9 +281,12 @@ void FastLookupServer::ServeSession(int fd, const Open& open) {
     absl::MutexLock lock(&mu_);
     if (!stopping_) sessions_.insert(fd);
   }
-  // The session lives as long as its connection; a Goodbye may come first.
+  // The session lives as long as its connection, however quiet (no receive
+  // timeout); a Goodbye may come first.
   Control c;
-  while (sent && ReadFull(fd, &c, sizeof(c)) && c.magic == kControlMagic) {
+  Clock::time_point frame_end;
+  while (sent && ReadHeader(fd, &c, sizeof(c), &frame_end) &&
+         c.magic == kControlMagic) {
     if (c.kind == static_cast<uint32_t>(ControlKind::kGoodbye)) {
       core_->SessionGoodbye(session, c.arg != 0);
     }
@@ -223,12 +311,19 @@ void FastLookupServer::ServeCalls(int fd, const Hello& hello) {
   }
   iovec hello_iov{&hello_reply, sizeof(hello_reply)};
   bool ok = WriteFullV(fd, &hello_iov, 1) && hello_reply.code == 0;
+  // Between requests a read waits at most the idle timeout.
+  if (ok && options_.idle_timeout != absl::InfiniteDuration()) {
+    const timeval idle =
+        absl::ToTimeval(std::max(options_.idle_timeout, absl::Milliseconds(1)));
+    ok = ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &idle, sizeof(idle)) == 0;
+  }
   std::string payload;
   std::string response;
   TierCore::LookupOutcome out;
   while (ok) {
     Request req;
-    if (!ReadFull(fd, &req, sizeof(req))) break;
+    Clock::time_point frame_end;
+    if (!ReadHeader(fd, &req, sizeof(req), &frame_end)) break;
     std::string message;
     if (req.magic == kCallMagic) {
       Call call;
@@ -239,7 +334,7 @@ void FastLookupServer::ServeCalls(int fd, const Hello& hello) {
       {
         PayloadBudget budget(this, call.payload_bytes);
         if (!TakePayload(fd, call.payload_bytes, options_.max_call_bytes,
-                         budget.ok(), "call", &payload, &s)) {
+                         budget.ok(), frame_end, "call", &payload, &s)) {
           break;
         }
         if (s.ok()) {
@@ -266,7 +361,7 @@ void FastLookupServer::ServeCalls(int fd, const Hello& hello) {
       PayloadBudget budget(this, req.hash_bytes);
       absl::Status s;
       if (!TakePayload(fd, req.hash_bytes, options_.max_request_bytes,
-                       budget.ok(), "lookup", &payload, &s)) {
+                       budget.ok(), frame_end, "lookup", &payload, &s)) {
         break;
       }
       if (s.ok()) {

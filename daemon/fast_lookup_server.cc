@@ -22,7 +22,6 @@
 #include "common/error_reason.h"
 #include "daemon/metrics.h"
 #include "daemon/peer_credentials.h"
-#include "daemon/socket_staging.h"
 #include "spdlog/spdlog.h"
 
 namespace kvtier::daemon {
@@ -79,18 +78,12 @@ absl::Status FastLookupServer::Start(const std::string& path, gid_t group) {
   if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
     ::unlink(path.c_str());
   }
-  // Bound out of reach; it appears at `path` only with its group and mode
-  // set (daemon/socket_staging.h).
-  absl::StatusOr<StagedSocket> staged =
-      StagedSocket::Create(path, "fast lookup socket");
-  if (!staged.ok()) return staged.status();
   listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (listen_fd_ < 0) {
     return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
   }
   addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, staged->bind_path().c_str(),
-              staged->bind_path().size() + 1);
+  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
   if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) !=
           0 ||
       ::listen(listen_fd_, SOMAXCONN) != 0) {
@@ -100,10 +93,16 @@ absl::Status FastLookupServer::Start(const std::string& path, gid_t group) {
     return absl::FailedPreconditionError(
         absl::StrCat("fast lookup socket ", path, ": ", strerror(err)));
   }
-  if (absl::Status s = staged->Publish(group, 0660); !s.ok()) {
+  if ((group != static_cast<gid_t>(-1) &&
+       ::chown(path.c_str(), static_cast<uid_t>(-1), group) != 0) ||
+      ::chmod(path.c_str(), 0660) != 0) {
+    const int err = errno;
     ::close(listen_fd_);
     listen_fd_ = -1;
-    return s;
+    ::unlink(path.c_str());
+    return absl::FailedPreconditionError(
+        absl::StrCat("fast lookup socket ", path, ": setting group ", group,
+                     " and mode 0660: ", strerror(err)));
   }
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
@@ -130,11 +129,13 @@ absl::Status FastLookupServer::Start(const std::string& path, gid_t group) {
   acceptor_ = std::thread([this] { AcceptLoop(); });
   SPDLOG_INFO(
       "fast lookup on {}: Hello within {}, {} pending per uid ({} in all), "
-      "{} served ({} per uid), requests up to {} bytes",
+      "{} served ({} per uid), requests up to {} bytes, idle call "
+      "connections closed after {}, frames whole within {}",
       path, absl::FormatDuration(options_.hello_deadline),
       options_.max_pending_per_uid, options_.max_pending,
       options_.max_connections, options_.max_connections_per_uid,
-      options_.max_request_bytes);
+      options_.max_request_bytes, absl::FormatDuration(options_.idle_timeout),
+      absl::FormatDuration(options_.frame_deadline));
   return absl::OkStatus();
 }
 
@@ -415,9 +416,9 @@ void FastLookupServer::ReadHello(uint64_t seq) {
   ::fcntl(taken.fd, F_SETFL, flags & ~O_NONBLOCK);
   const uint64_t id = next_id_++;
   try {
-    threads_[id] =
-        std::thread([this, id, fd = taken.fd, uid = taken.uid,
-                     hello = taken.hello] { Serve(id, fd, uid, hello); });
+    threads_[id] = std::thread(
+        [this, id, fd = taken.fd, uid = taken.uid, hello = taken.hello,
+         end = taken.deadline] { Serve(id, fd, uid, hello, end); });
   } catch (const std::system_error& e) {
     // Out of threads (RLIMIT_NPROC, memory): this engine retries.
     threads_.erase(id);

@@ -20,6 +20,7 @@
 //
 // Only a well-formed first frame (magic, version) gets the connection a
 // serving thread (daemon/fast_lookup_serve.cc): for an Open, that thread
+// reads the rest of the first frame (its v1.Hello) by the same deadline,
 // opens the session, binds the credentials and then reads the session's
 // control frames until the connection ends, which closes the session; for a
 // Hello it binds the credentials to the named session
@@ -32,6 +33,14 @@
 // RESOURCE_EXHAUSTED and closed (logged, rate-limited). A request's hash buffer
 // grows only as its bytes arrive, up to max_request_bytes, and is given back
 // after a large request.
+//
+// Deadlines keep a served connection's thread from being held by a peer
+// that says nothing or says it slowly: a call connection with no request
+// for idle_timeout is closed (libkvtier dials again on its next call); a
+// session connection is never idle-closed, since its session lives as long
+// as it does. Once a frame's first byte arrives, the whole frame (header
+// and payload) must arrive within frame_deadline, however steadily its
+// bytes trickle.
 //
 // Running out of fds (EMFILE/ENFILE) in accept closes the oldest pending
 // connection to make room; with none pending it sheds the new connection
@@ -96,6 +105,14 @@ struct FastLookupOptions {
   // RESOURCE_EXHAUSTED (kvtierd: --grpc_memory_quota_bytes, the gRPC
   // server's own bound).
   uint64_t max_inflight_bytes = 4ull << 30;
+  // A call connection that sends no request for this long is closed.
+  // absl::InfiniteDuration(): never. Session connections never are.
+  absl::Duration idle_timeout = absl::Minutes(5);
+  // Once a frame's first byte has arrived, the rest of it (header and
+  // payload) must arrive within this, else the connection is closed.
+  // (A first frame, an Open's v1.Hello included, has hello_deadline from
+  // the connect.)
+  absl::Duration frame_deadline = absl::Seconds(10);
 };
 
 class FastLookupServer {
@@ -109,8 +126,7 @@ class FastLookupServer {
   FastLookupServer& operator=(const FastLookupServer&) = delete;
 
   // Listens on `path` (a stale socket file is replaced; mode 0660, owned by
-  // `group` unless it is -1, both set before the socket appears there:
-  // daemon/socket_staging.h) and starts the acceptor. REQUIRES: not started.
+  // `group` unless it is -1) and starts the acceptor. REQUIRES: not started.
   absl::Status Start(const std::string& path,
                      gid_t group = static_cast<gid_t>(-1));
   // Closes the listener and every connection and waits for their threads.
@@ -158,27 +174,42 @@ class FastLookupServer {
   // for none.
   int NextTimeoutMs(Clock::time_point now) const;
   // The serving thread of connection `id` on `fd`, whose first frame is
-  // `first` (a Hello or an Open); closes `fd` at the end.
-  void Serve(uint64_t id, int fd, uid_t uid, fastpath::Hello first);
-  // A session connection: reads the v1.Hello after `open`, opens and binds
-  // the session, answers, then reads Control frames until the connection
-  // ends and closes the session.
-  void ServeSession(int fd, const fastpath::Open& open);
+  // `first` (a Hello or an Open) and must be whole by `first_end`; closes
+  // `fd` at the end.
+  void Serve(uint64_t id, int fd, uid_t uid, fastpath::Hello first,
+             Clock::time_point first_end);
+  // A session connection: reads the v1.Hello after `open` by `open_end`,
+  // opens and binds the session, answers, then reads Control frames until
+  // the connection ends and closes the session.
+  void ServeSession(int fd, const fastpath::Open& open,
+                    Clock::time_point open_end);
   // A call connection: binds the peer to session `hello.session_id`, then
-  // answers lookups and calls until the connection ends or breaks framing.
+  // answers lookups and calls until the connection ends, breaks framing,
+  // stays idle for options_.idle_timeout or sends a frame too slowly.
   void ServeCalls(int fd, const fastpath::Hello& hello);
-  // Reads `bytes` bytes into *buf, growing it only as they arrive (a header
-  // that claims a large payload costs nothing until it is sent).
-  static bool ReadPayload(int fd, uint32_t bytes, std::string* buf);
-  // Reads a request's `bytes` bytes into *payload; when they exceed `limit`
-  // or did not fit in the in-flight budget (!`fits`), reads and drops them
-  // instead and sets *refused (RESOURCE_EXHAUSTED for `what`), else OK.
-  // False: the connection broke.
+  // Reads a frame's `bytes`-byte header into `header`: waits for its first
+  // bytes as long as fd's SO_RCVTIMEO allows (none: forever), then for the
+  // rest until options_.frame_deadline after them, the end it sets in
+  // *frame_end for the frame's payload too. False when the connection
+  // ended, counting a close for a passed deadline (FastLookupClose::kIdle,
+  // kFrameDeadline).
+  bool ReadHeader(int fd, void* header, size_t bytes,
+                  Clock::time_point* frame_end) const;
+  // Reads `bytes` bytes into *buf by `end`, growing it only as they arrive
+  // (a header that claims a large payload costs nothing until it is sent).
+  // False when the connection broke or `end` passed (errno ETIMEDOUT).
+  static bool ReadPayload(int fd, uint32_t bytes, Clock::time_point end,
+                          std::string* buf);
+  // Reads a request's `bytes` bytes into *payload by `end`; when they
+  // exceed `limit` or did not fit in the in-flight budget (!`fits`), reads
+  // and drops them instead and sets *refused (RESOURCE_EXHAUSTED for
+  // `what`), else OK. False: the connection broke or `end` passed (counted
+  // as FastLookupClose::kFrameDeadline).
   static bool TakePayload(int fd, uint32_t bytes, uint32_t limit, bool fits,
-                          const char* what, std::string* payload,
-                          absl::Status* refused);
-  // Reads and drops `bytes` bytes (a refused request's).
-  static bool Discard(int fd, uint32_t bytes);
+                          Clock::time_point end, const char* what,
+                          std::string* payload, absl::Status* refused);
+  // Reads and drops `bytes` bytes (a refused request's) by `end`.
+  static bool Discard(int fd, uint32_t bytes, Clock::time_point end);
   // A request's share of max_inflight_bytes, held while it is read and
   // answered; !ok() when it does not fit (and then holds nothing).
   class PayloadBudget {
@@ -194,8 +225,6 @@ class FastLookupServer {
     uint64_t bytes_;
     bool ok_ = true;
   };
-  // ReadPayload within options_.hello_deadline.
-  bool ReadWithin(int fd, uint32_t bytes, std::string* buf);
   // Joins the threads of connections that ended.
   void ReapFinished();
 

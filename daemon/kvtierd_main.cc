@@ -226,6 +226,13 @@ int Main(int argc, char** argv) {
   spdlog::set_default_logger(spdlog::stderr_color_mt("kvtierd"));
   spdlog::set_level(spdlog::level::from_str(absl::GetFlag(FLAGS_log_level)));
   spdlog::set_pattern("%Y-%m-%dT%H:%M:%S.%e %^%l%$ %v");
+  // The sockets' limits (daemon/server_limits.h), refused by name before
+  // anything starts.
+  const absl::StatusOr<ServerLimits> limits = ServerLimitsFromFlags();
+  if (!limits.ok()) {
+    SPDLOG_CRITICAL("{}", limits.status().ToString());
+    return 2;
+  }
   // Every connection costs an fd (daemon/server_limits.h).
   if (auto fds = RaiseFileLimit(); fds.ok()) {
     SPDLOG_INFO("open files: soft limit {} (was {}, hard {})", fds->after,
@@ -482,8 +489,7 @@ int Main(int argc, char** argv) {
     return 1;
   }
 
-  const ServerLimits limits = ServerLimitsFromFlags();
-  FastLookupServer fast(&core, limits.fast_lookup);
+  FastLookupServer fast(&core, limits->fast_lookup);
   // The engine socket: libkvtier's sessions and calls (common/fast_lookup.h).
   const std::string fast_socket = socket + ".lookup";
   if (absl::Status s = fast.Start(fast_socket, group); !s.ok()) {
@@ -497,7 +503,7 @@ int Main(int argc, char** argv) {
   builder.AddListeningPort("unix:" + staged->bind_path(),
                            grpc::InsecureServerCredentials());
   builder.RegisterService(&service);
-  ApplyServerLimits(&builder, limits);
+  ApplyServerLimits(&builder, *limits);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
     SPDLOG_CRITICAL("cannot listen on unix:{} (another daemon running?)",

@@ -479,9 +479,11 @@ std::vector<MetricFamily> MetricsExporter::Impl::Collect() const {
   out.push_back(fast_conns.Take());
   Family fast_closed(
       "kvtier_fast_lookup_connections_closed_total",
-      "Fast lookup connections closed before being served, by reason: "
-      "hello_deadline, uid_cap (the uid's oldest pending one made room), "
-      "pending_cap, served_cap, bad_hello, no_fds (out of file descriptors)",
+      "Fast lookup connections the daemon closed, by reason: before being "
+      "served, hello_deadline, uid_cap (the uid's oldest pending one made "
+      "room), pending_cap, served_cap, bad_hello, no_fds (out of file "
+      "descriptors); served, idle (a call connection past its idle "
+      "timeout), frame_deadline (a frame not whole in time)",
       MetricType::Counter);
   for (int r = 0; r < kFastLookupCloseReasons; ++r) {
     fast_closed.Value(

@@ -116,10 +116,13 @@ class OpTimer {
   std::chrono::steady_clock::time_point start_;
 };
 
-// Connections the fast lookup server closed before serving them, by why
-// (kvtier_fast_lookup_connections_closed_total{reason}): no Hello within the
-// deadline, the peer uid's or the server's pending cap made room for a newer
-// one, the served-connection cap, a malformed Hello, out of fds in accept.
+// Connections the fast lookup server closed, by why
+// (kvtier_fast_lookup_connections_closed_total{reason}): before serving
+// them, no first frame whole within the Hello deadline, the peer uid's or
+// the server's pending cap made room for a newer one, the served-connection
+// cap, a malformed Hello, out of fds in accept; once served, a call
+// connection idle past the idle timeout, a frame not whole within the frame
+// deadline.
 enum class FastLookupClose : uint8_t {
   kHelloDeadline = 0,
   kUidCap = 1,
@@ -127,11 +130,13 @@ enum class FastLookupClose : uint8_t {
   kServedCap = 3,
   kBadHello = 4,
   kNoFds = 5,
+  kIdle = 6,
+  kFrameDeadline = 7,
 };
-inline constexpr int kFastLookupCloseReasons = 6;
+inline constexpr int kFastLookupCloseReasons = 8;
 inline constexpr const char* kFastLookupCloseNames[kFastLookupCloseReasons] = {
-    "hello_deadline", "uid_cap",   "pending_cap",
-    "served_cap",     "bad_hello", "no_fds"};
+    "hello_deadline", "uid_cap", "pending_cap", "served_cap",
+    "bad_hello",      "no_fds",  "idle",        "frame_deadline"};
 
 namespace internal {
 inline std::atomic<uint64_t> fast_lookup_closed[kFastLookupCloseReasons] = {};

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <utility>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -34,6 +35,14 @@ ABSL_FLAG(uint32_t, fast_lookup_max_request_bytes,
           kvtier::fastpath::kMaxRequestBytes,
           "Largest fast lookup request (bytes of hashes); the default is the "
           "largest valid one, 1 << 20 hashes of 32 bytes");
+ABSL_FLAG(uint32_t, fast_lookup_idle_timeout_ms, 300000,
+          "Close an engine-socket call connection that sends no request for "
+          "this many ms (libkvtier dials again on its next call; session "
+          "connections are never idle-closed); 0: never");
+ABSL_FLAG(uint32_t, fast_lookup_frame_deadline_ms, 10000,
+          "Once the first byte of an engine-socket frame arrives, the whole "
+          "frame (header and payload) must arrive within this many ms, else "
+          "the connection is closed (at least 1)");
 ABSL_FLAG(uint32_t, grpc_max_message_bytes, 64u << 20,
           "Largest message kvtierd receives or sends, over gRPC or as a call "
           "on the engine socket (at most 256 MiB there)");
@@ -118,7 +127,18 @@ void ApplyServerLimits(grpc::ServerBuilder* builder,
   }
 }
 
-ServerLimits ServerLimitsFromFlags() {
+absl::StatusOr<ServerLimits> ServerLimitsFromFlags() {
+  // Zero where it would mean "nothing may pass" is refused by name.
+  for (const auto& [name, value] : {
+           std::pair<const char*, uint32_t>{
+               "--fast_lookup_frame_deadline_ms",
+               absl::GetFlag(FLAGS_fast_lookup_frame_deadline_ms)},
+       }) {
+    if (value == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name, ": must be at least 1, got 0"));
+    }
+  }
   ServerLimits l;
   l.max_message_bytes = ClampInt(absl::GetFlag(FLAGS_grpc_max_message_bytes));
   l.max_concurrent_streams =
@@ -140,6 +160,11 @@ ServerLimits ServerLimitsFromFlags() {
   f.max_connections_per_uid =
       ClampInt(absl::GetFlag(FLAGS_fast_lookup_max_connections_per_uid));
   f.max_request_bytes = absl::GetFlag(FLAGS_fast_lookup_max_request_bytes);
+  const uint32_t idle_ms = absl::GetFlag(FLAGS_fast_lookup_idle_timeout_ms);
+  f.idle_timeout =
+      idle_ms == 0 ? absl::InfiniteDuration() : absl::Milliseconds(idle_ms);
+  f.frame_deadline =
+      absl::Milliseconds(absl::GetFlag(FLAGS_fast_lookup_frame_deadline_ms));
   f.max_call_bytes = std::min(absl::GetFlag(FLAGS_grpc_max_message_bytes),
                               fastpath::kMaxCallBytes);
   // The same bound on requests in flight on the engine socket (0: none).

@@ -69,9 +69,10 @@ absl::StatusOr<FileLimit> RaiseFileLimit();
 void ApplyServerLimits(grpc::ServerBuilder* builder,
                        const ServerLimits& limits);
 
-// The limits the --grpc_* and --fast_lookup_* flags set. REQUIRES: flags
-// parsed.
-ServerLimits ServerLimitsFromFlags();
+// The limits the --grpc_* and --fast_lookup_* flags set; INVALID_ARGUMENT
+// naming the flag for a value no server could run with (a zero deadline or
+// cap). REQUIRES: flags parsed.
+absl::StatusOr<ServerLimits> ServerLimitsFromFlags();
 
 }  // namespace kvtier::daemon
 

@@ -1,63 +1,17 @@
 // FenceRegistry: instances, processes and connections that may still touch
-// rows.
+// rows; what the restart fences wait for. The file: fence_registry_file.cc.
 #include "daemon/fence_registry.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
-#include <fstream>
 #include <utility>
 
 #include "absl/strings/escaping.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/str_split.h"
-#include "common/crc32c.h"
-#include "spdlog/spdlog.h"
 
 namespace kvtier::daemon {
 namespace {
-
-constexpr absl::string_view kLineTag = "kvtier-fence-v1";
-
-// "<tag> <instance hex> <pid> <start ticks> <connection> <crc32c of the
-// rest, hex>\n"
-std::string FormatLine(const InstanceKey& instance, const HolderKey& h) {
-  std::string body = absl::StrCat(
-      kLineTag, " ", absl::BytesToHexString(instance), " ", h.process.pid, " ",
-      h.process.start_ticks, " ", h.connection);
-  const uint32_t crc = Crc32c(body.data(), body.size());
-  return absl::StrFormat("%s %08x\n", body, crc);
-}
-
-bool ParseLine(absl::string_view line, InstanceKey* instance, HolderKey* h) {
-  std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
-  if (f.size() != 6 || f[0] != kLineTag) return false;
-  const size_t body = line.size() - f[5].size() - 1;
-  uint32_t crc = 0;
-  if (f[5].size() != 8 || !absl::SimpleHexAtoi(f[5], &crc) ||
-      crc != Crc32c(line.data(), body)) {
-    return false;
-  }
-  // This abseil's HexStringToBytes does not report bad digits: check them.
-  if (f[1].empty() || f[1].size() % 2 != 0 || f[1].size() > 128 ||
-      f[1].find_first_not_of("0123456789abcdef") != absl::string_view::npos) {
-    return false;
-  }
-  int64_t pid = 0;
-  if (!absl::SimpleAtoi(f[2], &pid) || pid < 0 || pid > (1 << 30) ||
-      !absl::SimpleAtoi(f[3], &h->process.start_ticks) ||
-      !absl::SimpleAtoi(f[4], &h->connection)) {
-    return false;
-  }
-  h->process.pid = static_cast<pid_t>(pid);
-  *instance = absl::HexStringToBytes(f[1]);
-  return true;
-}
 
 // The inode of process `pid`'s pid namespace; 0 when unknown (reading
 // /proc/<pid>/ns/pid needs ptrace access: root, or the same uid).
@@ -69,10 +23,12 @@ uint64_t PidNamespace(pid_t pid) {
 
 }  // namespace
 
-FenceRegistry::FenceRegistry(std::string path, FenceOptions options)
-    : path_(std::move(path)), options_(options) {}
+FenceRegistry::FenceRegistry(std::string path, FenceOptions options,
+                             std::function<void(const char*)> hook)
+    : path_(std::move(path)), options_(options), hook_(std::move(hook)) {}
 
 FenceRegistry::~FenceRegistry() {
+  absl::MutexLock io(&io_mu_);
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -80,102 +36,38 @@ std::string FenceRegistry::Describe(const InstanceKey& instance) {
   return absl::BytesToHexString(instance);
 }
 
-absl::StatusOr<size_t> FenceRegistry::Recover() {
-  absl::MutexLock lock(&mu_);
-  if (path_.empty()) return 0;
-  std::vector<std::pair<InstanceKey, HolderKey>> recorded;
-  {
-    std::ifstream in(path_);
-    std::string line;
-    size_t bad = 0;
-    while (std::getline(in, line)) {
-      InstanceKey instance;
-      HolderKey h;
-      if (ParseLine(line, &instance, &h)) {
-        recorded.emplace_back(std::move(instance), h);
-      } else {
-        ++bad;
-      }
-    }
-    if (bad > 0) {
-      SPDLOG_WARN(
-          "{}: {} unreadable lines skipped (a torn last line is what a "
-          "crash leaves)",
-          path_, bad);
-    }
+absl::Status FenceRegistry::ClaimRecordLocked(const Record& r, uid_t uid,
+                                              bool cap, bool* write) {
+  *write = false;
+  for (;;) {
+    auto it = recorded_.find(r);
+    if (it == recorded_.end()) break;
+    if (it->second.written) return absl::OkStatus();
+    written_.Wait(&mu_);  // Another call is writing it.
   }
-  const absl::Time now = absl::Now();
-  for (auto& [instance, h] : recorded) {
-    if (h.process.pid == 0) {
-      if (!waiting_unseen_
-               .try_emplace(std::make_pair(instance, h.connection),
-                            now + options_.unseen_pid_hold)
-               .second) {
-        continue;
-      }
-      Instance& in = instances_[instance];
-      in.unseen = true;
-      in.last_close = now;
-      recorded_.insert({instance, h});
-      continue;
-    }
-    if (!processes_.contains(h.process)) {
-      auto watch = ProcessWatch::Open(h.process.pid, h.process.start_ticks);
-      if (!watch.ok()) continue;  // Exited while the daemon was down.
-      Process& proc = processes_[h.process];
-      proc.instance = instance;
-      proc.watch = *std::move(watch);
-      instances_[instance].processes.insert(h.process);
-    }
-    recorded_.insert({instance, h});
-    waiting_.insert(h);
+  size_t& count = recorded_per_uid_[uid];
+  if (cap && count >= options_.max_holders_per_uid) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "namespace: uid ", uid == kUnboundUid ? -1 : static_cast<int64_t>(uid),
+        " has ", count,
+        " client connections recorded as holding rows, the most one uid may "
+        "(--max_fence_holders_per_uid); they are forgotten as their "
+        "processes exit"));
   }
-  // Rewrite with the live ones only (temporary file, rename).
-  const std::string tmp = path_ + ".tmp";
-  const int fd =
-      ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    return absl::InternalError(
-        absl::StrCat(tmp, ": cannot create: ", std::strerror(errno)));
-  }
-  std::string all;
-  for (const HolderKey& h : waiting_) {
-    absl::StrAppend(&all, FormatLine(processes_[h.process].instance, h));
-  }
-  for (const auto& [key, deadline] : waiting_unseen_) {
-    absl::StrAppend(&all, FormatLine(key.first, HolderKey{{}, key.second}));
-  }
-  const bool written =
-      ::write(fd, all.data(), all.size()) == static_cast<ssize_t>(all.size());
-  ::close(fd);
-  if (!written || ::rename(tmp.c_str(), path_.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return absl::InternalError(
-        absl::StrCat(path_, ": cannot rewrite: ", std::strerror(errno)));
-  }
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
-  if (fd_ < 0) {
-    return absl::InternalError(
-        absl::StrCat(path_, ": cannot open: ", std::strerror(errno)));
-  }
-  return waiting_.size() + waiting_unseen_.size();
+  ++count;
+  recorded_.emplace(r, RecordState{uid, false});
+  *write = true;
+  return absl::OkStatus();
 }
 
-void FenceRegistry::RecordLocked(const InstanceKey& instance,
-                                 const HolderKey& holder) {
-  if (path_.empty()) return;
-  if (fd_ < 0) {
-    fd_ =
-        ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+void FenceRegistry::DropRecordLocked(const Record& r) {
+  auto it = recorded_.find(r);
+  if (it == recorded_.end()) return;
+  auto count = recorded_per_uid_.find(it->second.uid);
+  if (count != recorded_per_uid_.end() && --count->second == 0) {
+    recorded_per_uid_.erase(count);
   }
-  const std::string line = FormatLine(instance, holder);
-  if (fd_ < 0 || ::write(fd_, line.data(), line.size()) !=
-                     static_cast<ssize_t>(line.size())) {
-    SPDLOG_ERROR(
-        "{}: cannot record instance {} pid {}: {}; its fence will not "
-        "survive a daemon restart",
-        path_, Describe(instance), holder.process.pid, std::strerror(errno));
-  }
+  recorded_.erase(it);
 }
 
 void FenceRegistry::OpenSession(uint64_t session,
@@ -198,12 +90,7 @@ void FenceRegistry::OpenSession(uint64_t session,
 }
 
 void FenceRegistry::BindPeer(uint64_t session, pid_t pid, uid_t uid) {
-  absl::MutexLock lock(&mu_);
-  auto it = sessions_.find(session);
-  if (it == sessions_.end() || it->second.bound) return;
-  SessionEntry& e = it->second;
-  e.bound = true;
-  // Not visible (pid 0): CloseSession applies the unseen-pid policy.
+  // The process's watch and pid namespace, before any lock: /proc reads.
   absl::StatusOr<std::unique_ptr<ProcessWatch>> watch =
       absl::NotFoundError("pid not visible");
   uint64_t pid_namespace = 0;
@@ -214,43 +101,75 @@ void FenceRegistry::BindPeer(uint64_t session, pid_t pid, uid_t uid) {
     if (watch.ok()) pid_namespace = PidNamespace(pid);
     if (watch.ok() && (*watch)->Exited()) pid_namespace = 0;
   }
-  if (!e.client_id.empty()) {
-    InstanceKey key = e.client_id;
-    key.append(reinterpret_cast<const char*>(&uid), sizeof(uid));
-    key.append(reinterpret_cast<const char*>(&pid_namespace),
-               sizeof(pid_namespace));
-    Instance& from = instances_[e.instance];
-    if (from.sessions > 0) --from.sessions;
-    e.instance = std::move(key);
-    ++instances_[e.instance].sessions;
-  }
-  if (watch.ok()) {  // Else gone since connect(2): so is its session.
-    e.holder.process = (*watch)->key();
-    auto [p, inserted] = processes_.try_emplace(e.holder.process);
-    if (inserted) {
-      p->second.instance = e.instance;
-      p->second.watch = *std::move(watch);
+  std::vector<Record> to_write;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session);
+    if (it == sessions_.end() || it->second.bound) return;
+    SessionEntry& e = it->second;
+    e.bound = true;
+    e.uid = uid;
+    // Not visible (pid 0): CloseSession applies the unseen-pid policy.
+    if (!e.client_id.empty()) {
+      InstanceKey key = e.client_id;
+      key.append(reinterpret_cast<const char*>(&uid), sizeof(uid));
+      key.append(reinterpret_cast<const char*>(&pid_namespace),
+                 sizeof(pid_namespace));
+      Instance& from = instances_[e.instance];
+      if (from.sessions > 0) --from.sessions;
+      e.instance = std::move(key);
+      ++instances_[e.instance].sessions;
     }
-    instances_[e.instance].processes.insert(e.holder.process);
-  }
-  if (e.attached) {  // Attached before its credentials were bound.
-    if (e.holder.process.pid == 0) instances_[e.instance].unseen = true;
-    if (recorded_.insert({e.instance, e.holder}).second) {
-      RecordLocked(e.instance, e.holder);
+    if (watch.ok()) {  // Else gone since connect(2): so is its session.
+      e.holder.process = (*watch)->key();
+      auto [p, inserted] = processes_.try_emplace(e.holder.process);
+      if (inserted) {
+        p->second.instance = e.instance;
+        p->second.watch = *std::move(watch);
+      }
+      instances_[e.instance].processes.insert(e.holder.process);
+    }
+    if (e.attached) {  // Attached before its credentials were bound.
+      if (e.holder.process.pid == 0) instances_[e.instance].unseen = true;
+      // Uncapped: it held rows already, under its unbound line.
+      for (const std::string& ns : e.namespaces) {
+        const Record r{e.instance, e.holder, ns};
+        bool write = false;
+        (void)ClaimRecordLocked(r, uid, /*cap=*/false, &write);
+        if (write) to_write.push_back(r);
+      }
     }
   }
+  for (const Record& r : to_write) WriteRecord(r);
 }
 
-void FenceRegistry::NoteHolder(uint64_t session) {
-  absl::MutexLock lock(&mu_);
-  auto it = sessions_.find(session);
-  if (it == sessions_.end()) return;
-  SessionEntry& e = it->second;
-  e.attached = true;
-  if (e.holder.process.pid == 0) instances_[e.instance].unseen = true;
-  if (recorded_.insert({e.instance, e.holder}).second) {
-    RecordLocked(e.instance, e.holder);
+absl::Status FenceRegistry::NoteHolder(uint64_t session,
+                                       const std::string& ns) {
+  Record r;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session);
+    if (it == sessions_.end()) return absl::OkStatus();
+    SessionEntry& e = it->second;
+    r = Record{e.instance, e.holder, ns};
+    bool write = false;
+    if (absl::Status s = ClaimRecordLocked(r, e.uid, /*cap=*/true, &write);
+        !s.ok()) {
+      return s;
+    }
+    // ClaimRecordLocked may have waited: the session may have closed.
+    it = sessions_.find(session);
+    if (it != sessions_.end()) {
+      it->second.attached = true;
+      it->second.namespaces.insert(ns);
+      if (it->second.holder.process.pid == 0) {
+        instances_[it->second.instance].unseen = true;
+      }
+    }
+    if (!write) return absl::OkStatus();
   }
+  WriteRecord(r);
+  return absl::OkStatus();
 }
 
 void FenceRegistry::MarkQuiescent(uint64_t session) {
@@ -299,31 +218,48 @@ uint32_t FenceRegistry::FenceVersion(uint64_t session) const {
   return it == sessions_.end() ? 0 : it->second.fence_version;
 }
 
-void FenceRegistry::ReportComplete(uint64_t session) {
+void FenceRegistry::ReportComplete(uint64_t session,
+                                   const std::vector<std::string>& namespaces,
+                                   bool unresolved) {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return;
   const SessionEntry& e = it->second;
+  // True when `w` waits for nothing more.
+  auto resolve = [&](Waiting& w) {
+    if (w.every) {
+      if (unresolved) return false;
+      return true;
+    }
+    for (const std::string& ns : namespaces) w.namespaces.erase(ns);
+    return w.namespaces.empty();
+  };
   if (e.holder.process.pid != 0) {
-    waiting_.erase(e.holder);
+    auto w = waiting_.find(e.holder);
+    if (w != waiting_.end() && resolve(w->second)) waiting_.erase(w);
   } else {
-    waiting_unseen_.erase(std::make_pair(e.instance, e.holder.connection));
+    auto w =
+        waiting_unseen_.find(std::make_pair(e.instance, e.holder.connection));
+    if (w != waiting_unseen_.end() && resolve(w->second.in)) {
+      waiting_unseen_.erase(w);
+    }
   }
 }
 
-bool FenceRegistry::RestartHolder(uint64_t session) const {
+bool FenceRegistry::RestartHolder(uint64_t session,
+                                  const std::string& ns) const {
   absl::MutexLock lock(&mu_);
   auto it = sessions_.find(session);
   if (it == sessions_.end()) return false;
   const SessionEntry& e = it->second;
   if (e.holder.process.pid != 0) {
-    for (const HolderKey& h : waiting_) {
-      if (h.process == e.holder.process) return true;
+    for (const auto& [h, w] : waiting_) {
+      if (h.process == e.holder.process && w.Covers(ns)) return true;
     }
     return false;
   }
-  for (const auto& [key, deadline] : waiting_unseen_) {
-    if (key.first == e.instance) return true;
+  for (const auto& [key, w] : waiting_unseen_) {
+    if (key.first == e.instance && w.in.Covers(ns)) return true;
   }
   return false;
 }
@@ -353,38 +289,57 @@ bool FenceRegistry::InstanceGone(const InstanceKey& instance) const {
 }
 
 bool FenceRegistry::Poll() {
-  absl::MutexLock lock(&mu_);
   bool changed = false;
-  const absl::Time now = absl::Now();
-  for (auto& [key, p] : processes_) {
-    if (p.watch != nullptr && p.watch->Exited()) {
-      p.watch.reset();
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time now = absl::Now();
+    for (auto& [key, p] : processes_) {
+      if (p.watch != nullptr && p.watch->Exited()) {
+        p.watch.reset();
+        changed = true;
+      }
+    }
+    auto exited = [&](const ProcessKey& k) {
+      auto p = processes_.find(k);
+      return p == processes_.end() || p->second.watch == nullptr;
+    };
+    // Holders whose process exited (or is no longer known) are resolved.
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      auto cur = it++;
+      if (exited(cur->first.process)) {
+        waiting_.erase(cur);
+        changed = true;
+      }
+    }
+    for (auto it = waiting_unseen_.begin(); it != waiting_unseen_.end();) {
+      auto cur = it++;
+      if (now >= cur->second.give_up) {
+        waiting_unseen_.erase(cur);
+        changed = true;
+      }
+    }
+    // Lines of exited processes and gone unseen instances hold nothing.
+    std::vector<Record> dead;
+    for (const auto& [r, state] : recorded_) {
+      if (!state.written) continue;
+      if (r.holder.process.pid != 0
+              ? exited(r.holder.process)
+              : InstanceGoneLocked(r.instance, now) &&
+                    !waiting_unseen_.contains(
+                        std::make_pair(r.instance, r.holder.connection))) {
+        dead.push_back(r);
+      }
+    }
+    for (const Record& r : dead) DropRecordLocked(r);
+    for (auto it = instances_.begin(); it != instances_.end();) {
+      auto cur = it++;
+      if (!InstanceGoneLocked(cur->first, now)) continue;
+      for (const ProcessKey& k : cur->second.processes) processes_.erase(k);
+      instances_.erase(cur);
       changed = true;
     }
   }
-  // Holders whose process exited (or is no longer known) are resolved.
-  for (auto it = waiting_.begin(); it != waiting_.end();) {
-    auto cur = it++;
-    auto p = processes_.find(cur->process);
-    if (p == processes_.end() || p->second.watch == nullptr) {
-      waiting_.erase(cur);
-      changed = true;
-    }
-  }
-  for (auto it = waiting_unseen_.begin(); it != waiting_unseen_.end();) {
-    auto cur = it++;
-    if (now >= cur->second) {
-      waiting_unseen_.erase(cur);
-      changed = true;
-    }
-  }
-  for (auto it = instances_.begin(); it != instances_.end();) {
-    auto cur = it++;
-    if (!InstanceGoneLocked(cur->first, now)) continue;
-    for (const ProcessKey& k : cur->second.processes) processes_.erase(k);
-    instances_.erase(cur);
-    changed = true;
-  }
+  MaybeCompact();
   return changed;
 }
 
@@ -393,21 +348,42 @@ size_t FenceRegistry::restart_waiting() const {
   return waiting_.size() + waiting_unseen_.size();
 }
 
+size_t FenceRegistry::RestartWaiting(const std::string& ns) const {
+  absl::MutexLock lock(&mu_);
+  size_t n = 0;
+  for (const auto& [h, w] : waiting_) n += w.Covers(ns) ? 1 : 0;
+  for (const auto& [k, w] : waiting_unseen_) n += w.in.Covers(ns) ? 1 : 0;
+  return n;
+}
+
 std::vector<std::string> FenceRegistry::RestartWaitingNames(
-    size_t limit) const {
+    const std::string& ns, size_t limit) const {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> out;
   absl::flat_hash_set<pid_t> pids;
-  for (const HolderKey& k : waiting_) {
+  for (const auto& [h, w] : waiting_) {
     if (out.size() >= limit) break;
-    if (pids.insert(k.process.pid).second) {
-      out.push_back(absl::StrCat("pid ", k.process.pid));
+    if (w.Covers(ns) && pids.insert(h.process.pid).second) {
+      out.push_back(absl::StrCat("pid ", h.process.pid));
     }
   }
-  for (size_t i = 0; i < waiting_unseen_.size() && out.size() < limit; ++i) {
-    out.push_back("a process in a pid namespace the daemon cannot see");
+  for (const auto& [k, w] : waiting_unseen_) {
+    if (out.size() >= limit) break;
+    if (w.in.Covers(ns)) {
+      out.push_back("a process in a pid namespace the daemon cannot see");
+    }
   }
   return out;
+}
+
+size_t FenceRegistry::recorded() const {
+  absl::MutexLock lock(&mu_);
+  return recorded_.size();
+}
+
+size_t FenceRegistry::file_lines() const {
+  absl::MutexLock lock(&mu_);
+  return file_lines_;
 }
 
 size_t FenceRegistry::instances() const {

@@ -79,8 +79,12 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
         absl::StrCat("tp_rank: this session is attached to namespace '", n.name,
                      "' as rank ", it->second, " already"));
   }
+  // Recorded before any row of the namespace can reach the session.
+  if (absl::Status s = fence_->NoteHolder(req.session_id(), n.name);
+      !s.ok()) {
+    return s;
+  }
   session->second.attached[n.id] = req.tp_rank();
-  fence_->NoteHolder(req.session_id());
   bool place = false;
   {
     absl::MutexLock ns_lock(&n.mu);

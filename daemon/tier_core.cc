@@ -20,7 +20,7 @@ TierCore::TierCore(TierOptions options)
       fence_(std::make_unique<FenceRegistry>(
           options_.state_dir.empty() ? ""
                                      : options_.state_dir + "/fence.instances",
-          options_.fence)) {
+          options_.fence, [this](const char* point) { Hook(point); })) {
   if (!options_.state_dir.empty()) {
     checkpointer_ = std::make_unique<Checkpointer>(
         [this](const char* point) { Hook(point); });

@@ -138,7 +138,6 @@ absl::Status TierCore::Fence(const v1::FenceRequest& req,
   // Reports: match each item to a hold this process's ended sessions left,
   // else, for a process that held rows before the restart, keep the
   // restart fence's rows (or pages) it names under a hold.
-  const bool restart_holder = fence_->RestartHolder(req.session_id());
   absl::flat_hash_set<uint64_t> kept;
   for (int i = 0; i < req.report_size(); ++i) {
     const v1::FenceItem& it = req.report(i);
@@ -146,6 +145,8 @@ absl::Status TierCore::Fence(const v1::FenceRequest& req,
     if (items[i].ns != nullptr) {
       Namespace& ns = *items[i].ns;
       const uint32_t rank = ns.StorageRank(it.tp_rank());
+      const bool restart_holder =
+          fence_->RestartHolder(req.session_id(), ns.name);
       absl::MutexLock lock(&ns.mu);
       const bool is_lease = !it.lease_hash().empty();
       for (auto& [id, h] : ns.holds) {
@@ -248,7 +249,11 @@ absl::Status TierCore::Fence(const v1::FenceRequest& req,
       freed += drop.size();
     }
     released_confirmed_.fetch_add(freed);
-    if (!unresolved) fence_->ReportComplete(req.session_id());
+    // Done in the namespaces it may act on (a holder an older daemon
+    // recorded everywhere: done unless it named one it cannot act on).
+    std::vector<std::string> names;
+    for (const auto& ns : mine) names.push_back(ns->name);
+    fence_->ReportComplete(req.session_id(), names, unresolved);
     SweepFences();
   }
   return absl::OkStatus();

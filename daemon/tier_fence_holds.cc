@@ -218,7 +218,7 @@ void TierCore::InstallRestartFenceLocked(Namespace& ns,
   SPDLOG_INFO(
       "namespace '{}': restart fence up: {} reserved rows and {} restored "
       "pages kept until {} processes from before the restart report or exit",
-      ns.name, claimed, f.pinned_pages, fence_->restart_waiting());
+      ns.name, claimed, f.pinned_pages, fence_->RestartWaiting(ns.name));
   ns.restart_fence = std::move(f);
   restart_fences_.fetch_add(1);
 }
@@ -262,11 +262,12 @@ absl::Status TierCore::ExplainFenceLocked(Namespace& ns, absl::Status refused) {
                       "fenced under the holds of the reports that named them");
     } else {
       // Pids only: an instance id is a client's own (fence_registry.h).
-      const std::vector<std::string> who = fence_->RestartWaitingNames(4);
+      const std::vector<std::string> who =
+          fence_->RestartWaitingNames(ns.name, 4);
       absl::StrAppend(&why, "; the restart fence keeps ", claimed,
                       " rows reserved and ", ns.restart_fence->pinned_pages,
                       " pages committed before the daemon restarted, until ",
-                      fence_->restart_waiting(),
+                      fence_->RestartWaiting(ns.name),
                       " processes that held rows then report or exit (",
                       absl::StrJoin(who, ", "), ")");
     }
@@ -294,7 +295,6 @@ size_t TierCore::SweepFences() {
   if (live_holds_.load() == 0 && restart_fences_.load() == 0) return 0;
   (void)changed;
   const std::vector<std::shared_ptr<Namespace>> all = Namespaces();
-  const bool lift = fence_->restart_waiting() == 0;
   size_t freed = 0;
   for (auto& ns : all) {
     absl::MutexLock lock(&ns->mu);
@@ -304,7 +304,11 @@ size_t TierCore::SweepFences() {
     }
     for (uint64_t id : gone) ReleaseHoldLocked(*ns, id);
     freed += gone.size();
-    if (lift) LiftRestartFenceLocked(*ns);
+    // Each namespace's fence waits only for its own holders.
+    if (ns->restart_fence && !ns->restart_fence->lifted &&
+        fence_->RestartWaiting(ns->name) == 0) {
+      LiftRestartFenceLocked(*ns);
+    }
   }
   released_gone_.fetch_add(freed);
   return freed;

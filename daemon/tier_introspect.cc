@@ -50,7 +50,7 @@ void TierCore::FillNamespaceInfo(Namespace& ns, v1::NamespaceInfo* info) {
       for (const auto& r : ns.restart_fence->page_rows) pages += r.size();
       for (const auto& r : ns.restart_fence->snapshot_rows) snaps += r.size();
       info->set_restart_fence_processes(
-          static_cast<uint32_t>(fence_->restart_waiting()));
+          static_cast<uint32_t>(fence_->RestartWaiting(ns.name)));
     }
     info->set_fenced_page_rows(pages);
     info->set_fenced_snapshot_rows(snaps);

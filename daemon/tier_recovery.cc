@@ -222,7 +222,8 @@ absl::Status TierCore::RecoverNamespace(const std::string& name,
   }
   // What the replay removed was never announced by this process.
   ns.removed_keys.clear();
-  if (fence_->restart_waiting() > 0) {
+  // Only the holders recorded in this namespace put its fence up.
+  if (fence_->RestartWaiting(ns.name) > 0) {
     InstallRestartFenceLocked(ns, *contents, /*emptied=*/!doubt.empty());
   }
   if (!doubt.empty()) {

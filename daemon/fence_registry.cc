@@ -299,7 +299,7 @@ bool FenceRegistry::Poll() {
         changed = true;
       }
     }
-    auto exited = [&](const ProcessKey& k) {
+    auto exited = [&](const ProcessKey& k) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       auto p = processes_.find(k);
       return p == processes_.end() || p->second.watch == nullptr;
     };

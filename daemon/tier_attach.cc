@@ -298,7 +298,8 @@ absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
 
 void TierCore::OrphanDeviceSlotsLocked(Namespace& ns) {
   auto keep = [&](uint64_t session, InstanceKey instance, uint32_t pool,
-                  const std::vector<uint32_t>& rows, uint64_t lease) {
+                  const std::vector<uint32_t>& rows, uint64_t lease)
+                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (rows.empty() && lease == 0) return;
     orphaned_device_.push_back(
         {std::move(instance), session, pool, rows, lease});

@@ -38,7 +38,7 @@ bool TrimLiftedRestartFence(TierNamespace& ns)
   bool empty = true;
   auto trim = [&](std::vector<uint32_t>& rows,
                   const absl::flat_hash_set<uint32_t>& named, bool snapshot,
-                  uint32_t rank) {
+                  uint32_t rank) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu) {
     auto free_from = std::partition(rows.begin(), rows.end(), [&](uint32_t r) {
       return named.contains(r);
     });

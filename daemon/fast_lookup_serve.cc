@@ -205,9 +205,9 @@ void FastLookupServer::Serve(uint64_t id, int fd, uid_t uid, Hello first,
   if (first.magic == kOpenMagic) {
     Open open;
     std::memcpy(static_cast<void*>(&open), &first, sizeof(open));
-    ServeSession(fd, open, first_end);
+    ServeSession(fd, uid, open, first_end);
   } else {
-    ServeCalls(fd, first);
+    ServeCalls(fd, uid, first);
   }
   {
     // Forget the fd before closing it, so Stop never shuts down a number
@@ -222,7 +222,7 @@ void FastLookupServer::Serve(uint64_t id, int fd, uid_t uid, Hello first,
   ::close(fd);
 }
 
-void FastLookupServer::ServeSession(int fd, const Open& open,
+void FastLookupServer::ServeSession(int fd, uid_t uid, const Open& open,
                                     Clock::time_point open_end) {
   OpenReply reply;
   std::string message;
@@ -245,6 +245,9 @@ void FastLookupServer::ServeSession(int fd, const Open& open,
       return;
     } else if (!hello.ParseFromString(bytes)) {
       s = absl::InvalidArgumentError("open: not a well-formed kvtier.v1.Hello");
+    } else {
+      // Refused before a session is opened at all, in the common case.
+      s = uid_sessions_.CheckRoom(uid);
     }
     // The kernel's record of this peer is the session's identity
     // (daemon/peer_credentials.h) from the start, as if a call connection's
@@ -258,10 +261,14 @@ void FastLookupServer::ServeSession(int fd, const Open& open,
       said.pid = peer->pid;
       absl::StatusOr<uint64_t> id = core_->OpenSession(hello, said);
       if (id.ok()) {
-        s = core_->BindPeerCredentials(*id, *peer);
+        // Counted against the uid before its credentials make it usable.
+        absl::StatusOr<bool> admitted = uid_sessions_.Admit(uid, *id);
+        s = admitted.ok() ? core_->BindPeerCredentials(*id, *peer)
+                          : admitted.status();
         if (s.ok()) {
           session = *id;
         } else {
+          if (admitted.ok()) uid_sessions_.Release(uid, *id);
           core_->CloseSession(*id);
         }
       } else {
@@ -296,17 +303,26 @@ void FastLookupServer::ServeSession(int fd, const Open& open,
     sessions_.erase(fd);
   }
   core_->CloseSession(session);
+  uid_sessions_.Release(uid, session);
 }
 
-void FastLookupServer::ServeCalls(int fd, const Hello& hello) {
+void FastLookupServer::ServeCalls(int fd, uid_t uid, const Hello& hello) {
   HelloReply hello_reply;
   {
     // The kernel's record of this peer must match the session's identity
-    // (daemon/peer_credentials.h); an unknown session is NOT_FOUND.
+    // (daemon/peer_credentials.h); an unknown session is NOT_FOUND. A
+    // session opened over gRPC counts against the uid that binds it here
+    // (one opened on this socket, or bound already, counts once).
     auto peer = ReadPeerCredentials(fd);
+    absl::StatusOr<bool> admitted =
+        peer.ok() ? uid_sessions_.Admit(uid, hello.session_id)
+                  : absl::StatusOr<bool>(peer.status());
     absl::Status bound =
-        peer.ok() ? core_->BindPeerCredentials(hello.session_id, *peer)
-                  : peer.status();
+        admitted.ok() ? core_->BindPeerCredentials(hello.session_id, *peer)
+                      : admitted.status();
+    if (!bound.ok() && admitted.ok() && *admitted) {
+      uid_sessions_.Release(uid, hello.session_id);
+    }
     hello_reply.code = static_cast<int>(bound.code());
   }
   iovec hello_iov{&hello_reply, sizeof(hello_reply)};

@@ -57,14 +57,18 @@ void RefuseHello(int fd, const fastpath::Hello& first, absl::StatusCode code) {
 
 FastLookupServer::FastLookupServer(TierCore* core,
                                    const FastLookupOptions& options)
-    : core_(core), options_([&] {
+    : core_(core),
+      options_([&] {
         FastLookupOptions o = options;
         o.max_pending_per_uid = std::max(1, o.max_pending_per_uid);
         o.max_pending = std::max(1, o.max_pending);
         o.max_request_bytes =
             std::min(o.max_request_bytes, fastpath::kMaxRequestBytes);
+        o.max_sessions_per_uid = std::max(1, o.max_sessions_per_uid);
         return o;
-      }()) {}
+      }()),
+      uid_sessions_(options_.max_sessions_per_uid,
+                    [core](uint64_t id) { return core->SessionOpen(id); }) {}
 
 FastLookupServer::~FastLookupServer() { Stop(); }
 
@@ -130,12 +134,14 @@ absl::Status FastLookupServer::Start(const std::string& path, gid_t group) {
   SPDLOG_INFO(
       "fast lookup on {}: Hello within {}, {} pending per uid ({} in all), "
       "{} served ({} per uid), requests up to {} bytes, idle call "
-      "connections closed after {}, frames whole within {}",
+      "connections closed after {}, frames whole within {}, {} sessions "
+      "per uid",
       path, absl::FormatDuration(options_.hello_deadline),
       options_.max_pending_per_uid, options_.max_pending,
       options_.max_connections, options_.max_connections_per_uid,
       options_.max_request_bytes, absl::FormatDuration(options_.idle_timeout),
-      absl::FormatDuration(options_.frame_deadline));
+      absl::FormatDuration(options_.frame_deadline),
+      options_.max_sessions_per_uid);
   return absl::OkStatus();
 }
 

@@ -40,7 +40,10 @@
 // session connection is never idle-closed, since its session lives as long
 // as it does. Once a frame's first byte arrives, the whole frame (header
 // and payload) must arrive within frame_deadline, however steadily its
-// bytes trickle.
+// bytes trickle. Sessions bound on this socket are capped per uid
+// (max_sessions_per_uid; daemon/uid_sessions.h): past it an Open is answered
+// RESOURCE_EXHAUSTED naming --max_sessions_per_uid, and so is a Hello that
+// would bind another session to that uid.
 //
 // Running out of fds (EMFILE/ENFILE) in accept closes the oldest pending
 // connection to make room; with none pending it sheds the new connection
@@ -75,6 +78,7 @@
 #include "common/fast_lookup.h"
 #include "daemon/metrics.h"
 #include "daemon/tier_core.h"
+#include "daemon/uid_sessions.h"
 
 namespace kvtier::daemon {
 
@@ -113,6 +117,9 @@ struct FastLookupOptions {
   // (A first frame, an Open's v1.Hello included, has hello_deadline from
   // the connect.)
   absl::Duration frame_deadline = absl::Seconds(10);
+  // Most sessions one uid may hold bound on this socket (opened here, or
+  // opened over gRPC and bound by a call connection's Hello). At least 1.
+  int max_sessions_per_uid = 128;
 };
 
 class FastLookupServer {
@@ -181,12 +188,12 @@ class FastLookupServer {
   // A session connection: reads the v1.Hello after `open` by `open_end`,
   // opens and binds the session, answers, then reads Control frames until
   // the connection ends and closes the session.
-  void ServeSession(int fd, const fastpath::Open& open,
+  void ServeSession(int fd, uid_t uid, const fastpath::Open& open,
                     Clock::time_point open_end);
   // A call connection: binds the peer to session `hello.session_id`, then
   // answers lookups and calls until the connection ends, breaks framing,
   // stays idle for options_.idle_timeout or sends a frame too slowly.
-  void ServeCalls(int fd, const fastpath::Hello& hello);
+  void ServeCalls(int fd, uid_t uid, const fastpath::Hello& hello);
   // Reads a frame's `bytes`-byte header into `header`: waits for its first
   // bytes as long as fd's SO_RCVTIMEO allows (none: forever), then for the
   // rest until options_.frame_deadline after them, the end it sets in
@@ -251,6 +258,8 @@ class FastLookupServer {
 
   // Bytes of requests held now (PayloadBudget).
   std::atomic<uint64_t> inflight_bytes_{0};
+  // The sessions each uid holds bound here.
+  UidSessions uid_sessions_;
 
   mutable absl::Mutex mu_;
   absl::flat_hash_set<int> connections_ ABSL_GUARDED_BY(mu_);  // Served fds.

@@ -43,6 +43,10 @@ ABSL_FLAG(uint32_t, fast_lookup_frame_deadline_ms, 10000,
           "Once the first byte of an engine-socket frame arrives, the whole "
           "frame (header and payload) must arrive within this many ms, else "
           "the connection is closed (at least 1)");
+ABSL_FLAG(uint32_t, max_sessions_per_uid, 128,
+          "Most sessions one uid may hold bound on the engine socket (opened "
+          "there, or opened over gRPC and bound there); past it an Open is "
+          "refused RESOURCE_EXHAUSTED (at least 1)");
 ABSL_FLAG(uint32_t, grpc_max_message_bytes, 64u << 20,
           "Largest message kvtierd receives or sends, over gRPC or as a call "
           "on the engine socket (at most 256 MiB there)");
@@ -133,6 +137,9 @@ absl::StatusOr<ServerLimits> ServerLimitsFromFlags() {
            std::pair<const char*, uint32_t>{
                "--fast_lookup_frame_deadline_ms",
                absl::GetFlag(FLAGS_fast_lookup_frame_deadline_ms)},
+           std::pair<const char*, uint32_t>{
+               "--max_sessions_per_uid",
+               absl::GetFlag(FLAGS_max_sessions_per_uid)},
        }) {
     if (value == 0) {
       return absl::InvalidArgumentError(
@@ -165,6 +172,7 @@ absl::StatusOr<ServerLimits> ServerLimitsFromFlags() {
       idle_ms == 0 ? absl::InfiniteDuration() : absl::Milliseconds(idle_ms);
   f.frame_deadline =
       absl::Milliseconds(absl::GetFlag(FLAGS_fast_lookup_frame_deadline_ms));
+  f.max_sessions_per_uid = ClampInt(absl::GetFlag(FLAGS_max_sessions_per_uid));
   f.max_call_bytes = std::min(absl::GetFlag(FLAGS_grpc_max_message_bytes),
                               fastpath::kMaxCallBytes);
   // The same bound on requests in flight on the engine socket (0: none).

@@ -4,8 +4,9 @@
 // server gets a resource quota, message size caps, a stream cap per
 // connection and a handshake deadline (a connection that never speaks
 // HTTP/2 is closed); the fast lookup socket gets FastLookupOptions
-// (daemon/fast_lookup_server.h). The --grpc_* and --fast_lookup_* flags that
-// set them are defined in server_limits.cc, beside the code they feed.
+// (daemon/fast_lookup_server.h). The --grpc_*, --fast_lookup_* and
+// --max_sessions_per_uid flags that set them are defined in
+// server_limits.cc, beside the code they feed.
 //
 // Thread-safety: RaiseFileLimit changes process state: call it once, early in
 // main, before threads start. The rest are pure functions of their inputs
@@ -69,7 +70,8 @@ absl::StatusOr<FileLimit> RaiseFileLimit();
 void ApplyServerLimits(grpc::ServerBuilder* builder,
                        const ServerLimits& limits);
 
-// The limits the --grpc_* and --fast_lookup_* flags set; INVALID_ARGUMENT
+// The limits the --grpc_*, --fast_lookup_* and --max_sessions_per_uid
+// flags set; INVALID_ARGUMENT
 // naming the flag for a value no server could run with (a zero deadline or
 // cap). REQUIRES: flags parsed.
 absl::StatusOr<ServerLimits> ServerLimitsFromFlags();

@@ -92,7 +92,13 @@ struct TierOptions {
   // allocated or evicted.
   uint32_t max_session_reservations = 4096;
   uint32_t max_session_leases = 1u << 16;
-  uint64_t max_session_reserved_rows = 0;
+  // Reserved rows are neither evictable nor anyone else's: the default
+  // (two 128k-token prompts of 16-token pages) lets a session store its
+  // longest prompts while copies are in flight (a max_model_len prompt of
+  // the vLLM tests is 128 rows), yet not hold a whole bank of those tests'
+  // llama namespace (256 MiB of 8 KiB rows: 32768) or of a production one
+  // of tens of GiB in rows of a few hundred KiB.
+  uint64_t max_session_reserved_rows = 16384;
 };
 
 }  // namespace kvtier::daemon

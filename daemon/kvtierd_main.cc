@@ -120,6 +120,11 @@ ABSL_FLAG(uint32_t, unseen_pid_fence_s, 300,
           "pid namespace): the rows its sessions held stay fenced this many "
           "seconds after its last session closed, unless it reports first "
           "(daemon/fence_registry.h)");
+ABSL_FLAG(uint32_t, max_fence_holders_per_uid, 1024,
+          "Most client connections of one uid recorded (once per namespace "
+          "they attach to) as holding rows, for the restart fence; an "
+          "Attach past it is refused until some of its processes exit. At "
+          "least 1 (daemon/fence_registry.h)");
 ABSL_FLAG(uint32_t, max_session_reservations, 4096,
           "Most open reservations one session may hold in a namespace (0: no "
           "cap)");
@@ -361,6 +366,14 @@ int Main(int argc, char** argv) {
       absl::GetFlag(FLAGS_max_session_reserved_rows);
   options.fence.unseen_pid_hold =
       absl::Seconds(absl::GetFlag(FLAGS_unseen_pid_fence_s));
+  options.fence.max_holders_per_uid =
+      absl::GetFlag(FLAGS_max_fence_holders_per_uid);
+  if (options.fence.max_holders_per_uid == 0) {
+    SPDLOG_CRITICAL(
+        "--max_fence_holders_per_uid: 0; must be at least 1 (every engine "
+        "connection that attaches is recorded)");
+    return 2;
+  }
   options.journal.min_compact_bytes =
       absl::GetFlag(FLAGS_journal_compact_bytes);
 

@@ -278,6 +278,8 @@ class FenceRegistry {
   // Rewrites the file with the live lines when the dead ones outnumber
   // them and kCompactAfter. fence_registry_file.cc.
   void MaybeCompact() ABSL_LOCKS_EXCLUDED(mu_, io_mu_);
+  void CompactLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Writes `lines` to path_ through a temporary file and reopens fd_.
   absl::Status RewriteLocked(const std::string& lines)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(io_mu_);

@@ -207,8 +207,14 @@ void FenceRegistry::WriteRecord(const Record& r) {
 }
 
 void FenceRegistry::MaybeCompact() {
-  if (path_.empty()) return;
-  absl::MutexLock io(&io_mu_);
+  // Busy writing: the next Poll rewrites (a Fence RPC's sweep never waits
+  // for a stalled write).
+  if (path_.empty() || !io_mu_.TryLock()) return;
+  CompactLocked();
+  io_mu_.Unlock();
+}
+
+void FenceRegistry::CompactLocked() {
   std::string all;
   size_t live = 0;
   {
@@ -217,8 +223,9 @@ void FenceRegistry::MaybeCompact() {
     const size_t dead = file_lines_ > live ? file_lines_ - live : 0;
     if (dead < kCompactAfter || dead <= live) return;
     // Lines being written are kept too (their writer appends them again).
-    for (const auto& [r, state] : recorded_)
+    for (const auto& [r, state] : recorded_) {
       absl::StrAppend(&all, FormatLine(r));
+    }
   }
   if (absl::Status s = RewriteLocked(all); !s.ok()) {
     SPDLOG_ERROR("{}", s.ToString());

@@ -61,8 +61,24 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
                                /*recovering=*/false, *numa_node);
   if (!ns.ok()) return ns.status();
   Namespace& n = **ns;
-  // mu_ may have been released: the session may have closed meanwhile. The
-  // namespace stays, with no session attached.
+  // The session's holder is recorded in the fence's file before any row of
+  // the namespace can reach it (fence_registry.h), with mu_ released: the
+  // write must not stall other sessions' requests. `keep` keeps the
+  // namespace alive meanwhile.
+  const std::shared_ptr<Namespace> keep = *ns;
+  lock.Release();
+  if (absl::Status s = fence_->NoteHolder(req.session_id(), n.name);
+      !s.ok()) {
+    return s;
+  }
+  absl::ReleasableMutexLock relock(&mu_);
+  // mu_ was released: the session may have closed meanwhile (the namespace
+  // stays, with no session attached), or the namespace been dropped.
+  if (auto it = by_id_.find(n.id); it == by_id_.end() || it->second != keep) {
+    return absl::AbortedError(
+        absl::StrCat("namespace: '", n.name,
+                     "' was dropped while this session attached to it"));
+  }
   session = sessions_.find(req.session_id());
   if (session == sessions_.end()) {
     SPDLOG_INFO(
@@ -78,11 +94,6 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
     return absl::FailedPreconditionError(
         absl::StrCat("tp_rank: this session is attached to namespace '", n.name,
                      "' as rank ", it->second, " already"));
-  }
-  // Recorded before any row of the namespace can reach the session.
-  if (absl::Status s = fence_->NoteHolder(req.session_id(), n.name);
-      !s.ok()) {
-    return s;
   }
   session->second.attached[n.id] = req.tp_rank();
   bool place = false;
@@ -133,9 +144,8 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
     // The rank's first Attach: its banks go to its GPU's node. Moving pages
     // can take a while, so without TierCore's lock (the namespace stays
     // alive through `keep`; its segments are immutable).
-    const std::shared_ptr<Namespace> keep = *ns;
     const uint32_t rank = keep->StorageRank(req.tp_rank());
-    lock.Release();
+    relock.Release();
     PlaceRankBanks(*keep, rank, *numa_node);
   }
   return absl::OkStatus();

@@ -277,7 +277,9 @@ class TierCore {
   // not block). "checkpoint:writing": the checkpointer is about to write a
   // journal's checkpoint, no lock held. "prefetch:copied": a prefetch
   // slice's values were copied into its rows, not yet committed (a prefetch
-  // job's thread, no lock).
+  // job's thread, no lock). "fence:record": a line is about to be written
+  // to <state_dir>/fence.instances (only the FenceRegistry's file lock
+  // held: fence_registry.h).
   // Set before any request; nullptr: none.
   void SetTestHook(std::function<void(const char* point)> hook) {
     test_hook_ = std::move(hook);

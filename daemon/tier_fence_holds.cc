@@ -279,11 +279,25 @@ absl::Status TierCore::ExplainFenceLocked(Namespace& ns, absl::Status refused) {
 
 size_t TierCore::SweepFences() {
   const bool changed = fence_->Poll();
+  // Which instances are gone is asked with mu_ released (a process check
+  // may read /proc); a gone instance stays gone for the slots it held: its
+  // processes have exited.
+  std::vector<InstanceKey> orphaned;
   {
+    absl::ReaderMutexLock lock(&mu_);
+    for (const OrphanedDevice& o : orphaned_device_) {
+      // A session still open at the drop settles its own (CloseSession).
+      if (o.session == 0) orphaned.push_back(o.instance);
+    }
+  }
+  absl::flat_hash_set<InstanceKey> gone_instances;
+  for (const InstanceKey& i : orphaned) {
+    if (fence_->InstanceGone(i)) gone_instances.insert(i);
+  }
+  if (!gone_instances.empty()) {
     absl::MutexLock lock(&mu_);
     for (auto it = orphaned_device_.begin(); it != orphaned_device_.end();) {
-      // A session still open at the drop settles its own (CloseSession).
-      if (it->session != 0 || !fence_->InstanceGone(it->instance)) {
+      if (it->session != 0 || !gone_instances.contains(it->instance)) {
         ++it;
         continue;
       }

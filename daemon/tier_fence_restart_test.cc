@@ -3,15 +3,20 @@
 // TierCore called directly: a namespace's restart fence waits only for the
 // holders recorded in it, one uid's recorded holders are capped and the
 // dead ones pruned, so that client-chosen connection ids cannot grow the
-// file. The fixture: tier_fence_test_util.h.
+// file; and the file is written with no lock another session's request
+// needs. The fixture: tier_fence_test_util.h.
 #include <unistd.h>
 
+#include <atomic>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "daemon/tier_core.h"
 #include "daemon/tier_fence_test_util.h"
 #include "gmock/gmock.h"
@@ -106,6 +111,60 @@ TEST_F(TierFenceTest, AFloodOfConnectionIdsIsCappedAndPruned) {
   // Live: the other uid's line; the dead ones rewritten away past
   // kCompactAfter.
   EXPECT_LE(Lines(file), 2 * kCap + 1 + 64) << file;
+}
+
+// While a write of the fence's file stalls (the hook stands in for a slow
+// disk), another session's Lookup and Stats complete: the write holds no
+// lock they need. Bounded waits only end a failing test.
+TEST_F(TierFenceTest, AStalledFenceRecordBlocksNoOtherSession) {
+  Sleeper engine, reader_proc;
+  StartWithState();
+  const uint64_t reader = Open(kOther, reader_proc.pid(), 1);
+  const uint64_t ns = Attach(reader);
+  const std::string hashes = testing::RandomHashes(2, 4);
+  auto put = Reserve(reader, ns, 2);
+  ASSERT_TRUE(put.ok()) << put.status();
+  ASSERT_TRUE(Commit(reader, ns, put->reservation_id(), hashes).ok());
+  // `stalled` runs in a thread of its own and writes one line.
+  auto expect_others_proceed = [&](const char* what,
+                                   std::function<void()> stalled) {
+    absl::Notification entered, lift, done;
+    std::atomic<bool> armed{true};
+    core_->SetTestHook([&](const char* point) {
+      if (std::string(point) == "fence:record" && armed.exchange(false)) {
+        entered.Notify();
+        lift.WaitForNotification();
+      }
+    });
+    std::thread writer(stalled);
+    ASSERT_TRUE(entered.WaitForNotificationWithTimeout(absl::Seconds(30)))
+        << what << " wrote no line";
+    std::thread other([&] {
+      auto l = Lookup(reader, ns, hashes, /*pin=*/false);
+      EXPECT_TRUE(l.ok()) << l.status();
+      v1::StatsResponse stats;
+      EXPECT_TRUE(core_->Stats({}, &stats).ok());
+      done.Notify();
+    });
+    const bool completed =
+        done.WaitForNotificationWithTimeout(absl::Seconds(10));
+    lift.Notify();
+    writer.join();
+    other.join();
+    core_->SetTestHook(nullptr);
+    EXPECT_TRUE(completed) << "Lookup and Stats waited for the write of "
+                           << what;
+  };
+  const uint64_t s = Open(kInstance, engine.pid(), 2);
+  expect_others_proceed("an Attach's line",
+                        [&] { EXPECT_TRUE(TryAttach(s).ok()); });
+  // A session that attached before its credentials were bound gets its
+  // bound line at BindPeerCredentials.
+  const uint64_t unbound = Open(kInstance, 0, 3);
+  Attach(unbound);
+  expect_others_proceed("a binding's line", [&] {
+    EXPECT_TRUE(core_->BindPeerCredentials(unbound, Peer(engine.pid())).ok());
+  });
 }
 
 }  // namespace

@@ -128,20 +128,27 @@ absl::Status TierCore::BindPeerCredentials(uint64_t session_id,
     return absl::InvalidArgumentError(
         "peer: credentials to bind must come from the kernel (SO_PEERCRED)");
   }
-  absl::MutexLock lock(&mu_);
-  auto it = sessions_.find(session_id);
-  if (it == sessions_.end()) {
-    return SessionUnknownError(session_id);
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) {
+      return SessionUnknownError(session_id);
+    }
+    PeerInfo& bound = it->second.peer;
+    if (bound.verified) {
+      if (bound.uid == peer.uid && bound.gid == peer.gid) {
+        return absl::OkStatus();
+      }
+      return absl::PermissionDeniedError(absl::StrCat(
+          "session_id: session ", session_id, " is bound to uid ", bound.uid,
+          " already; uid ", peer.uid, " cannot take it over"));
+    }
+    bound = peer;
   }
-  PeerInfo& bound = it->second.peer;
-  if (bound.verified) {
-    if (bound.uid == peer.uid && bound.gid == peer.gid) return absl::OkStatus();
-    return absl::PermissionDeniedError(absl::StrCat(
-        "session_id: session ", session_id, " is bound to uid ", bound.uid,
-        " already; uid ", peer.uid, " cannot take it over"));
-  }
-  bound = peer;
-  // The session's fence instance is bound to these credentials too.
+  // The session's fence instance is bound to these credentials too, with
+  // mu_ released: BindPeer reads /proc and may write the fence's file. A
+  // request of the session in between (an Attach) acts under its unbound
+  // instance, which the fence keeps too (fence_registry.h).
   fence_->BindPeer(session_id, peer.pid, peer.uid);
   SPDLOG_INFO("session {}: peer pid {} uid {} gid {}", SessionTag(session_id),
               peer.pid, peer.uid, peer.gid);

@@ -15,8 +15,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/notification.h"
+#include "common/crc32c.h"
+#include "daemon/process_watch.h"
 #include "daemon/tier_core.h"
 #include "daemon/tier_fence_test_util.h"
 #include "gmock/gmock.h"
@@ -71,6 +75,40 @@ TEST_F(TierFenceTest, ARestartFenceWaitsOnlyForItsOwnNamespacesHolders) {
   core_->SweepFences();
   EXPECT_EQ(Info("a").fenced_page_rows(), 0u);
   EXPECT_EQ(Free(Info("a")), 16u);
+  ExpectInvariants();
+}
+
+// A file an older kvtierd wrote (kvtier-fence-v1 lines, no namespace):
+// its holder waits in every namespace, and one complete report that left
+// out nothing it held resolves it everywhere.
+TEST_F(TierFenceTest, AnOlderDaemonsFileWaitsInEveryNamespace) {
+  Sleeper old_engine, gone;
+  StartWithState();
+  const uint64_t s = Open("", gone.pid(), 1);
+  ASSERT_TRUE(Reserve(s, Attach(s, 16, "a"), 4).ok());
+  ASSERT_TRUE(Reserve(s, Attach(s, 16, "b"), 4).ok());
+  gone.Kill();
+  auto ticks = ReadProcessStartTicks(old_engine.pid());
+  ASSERT_TRUE(ticks.ok()) << ticks.status();
+  const std::string body =
+      absl::StrCat("kvtier-fence-v1 ", absl::BytesToHexString(kInstance), " ",
+                   old_engine.pid(), " ", *ticks, " 7");
+  std::ofstream(options_.state_dir + "/fence.instances", std::ios::trunc)
+      << absl::StrFormat("%s %08x\n", body, Crc32c(body.data(), body.size()));
+  Restart();
+  EXPECT_EQ(Info("a").restart_fence_processes(), 1u);
+  EXPECT_EQ(Info("b").restart_fence_processes(), 1u);
+  EXPECT_EQ(Info("a").fenced_page_rows(), 4u);
+  EXPECT_EQ(Info("b").fenced_page_rows(), 4u);
+  const uint64_t again = Open(kInstance, old_engine.pid(), 7);
+  Attach(again, 16, "a");
+  v1::FenceRequest done;
+  done.set_report_complete(true);
+  auto resp = Fence(again, done);
+  ASSERT_TRUE(resp.ok()) << resp.status();
+  core_->SweepFences();
+  EXPECT_EQ(Info("a").fenced_page_rows(), 0u);
+  EXPECT_EQ(Info("b").fenced_page_rows(), 0u);
   ExpectInvariants();
 }
 

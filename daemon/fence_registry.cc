@@ -131,9 +131,13 @@ void FenceRegistry::BindPeer(uint64_t session, pid_t pid, uid_t uid) {
     }
     if (e.attached) {  // Attached before its credentials were bound.
       if (e.holder.process.pid == 0) instances_[e.instance].unseen = true;
-      // Uncapped: it held rows already, under its unbound line.
+      // Uncapped: it held rows already, under its unbound line. Copied
+      // first: a claim may wait, releasing mu_ (and `e` with it).
+      std::vector<Record> lines;
       for (const std::string& ns : e.namespaces) {
-        const Record r{e.instance, e.holder, ns};
+        lines.push_back(Record{e.instance, e.holder, ns});
+      }
+      for (const Record& r : lines) {
         bool write = false;
         (void)ClaimRecordLocked(r, uid, /*cap=*/false, &write);
         if (write) to_write.push_back(r);

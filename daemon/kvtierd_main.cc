@@ -25,6 +25,7 @@
 #include "common/default_socket.h"
 #include "daemon/device_pool.h"
 #include "daemon/fast_lookup_server.h"
+#include "daemon/grpc_gate.h"
 #include "daemon/kv_events.h"
 #include "daemon/kvtierd_cluster.h"
 #include "daemon/metrics.h"
@@ -514,14 +515,20 @@ int Main(int argc, char** argv) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + staged->bind_path(),
-                           grpc::InsecureServerCredentials());
   builder.RegisterService(&service);
   ApplyServerLimits(&builder, *limits);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) {
-    SPDLOG_CRITICAL("cannot listen on unix:{} (another daemon running?)",
-                    socket);
+    SPDLOG_CRITICAL("cannot start the gRPC server for unix:{}", socket);
+    return 1;
+  }
+  // The server has no listener of its own: its connections come through the
+  // gate, which caps them per uid (daemon/grpc_gate.h).
+  GrpcGate gate(server.get(), limits->gate);
+  if (absl::Status s = gate.Start(staged->bind_path()); !s.ok()) {
+    SPDLOG_CRITICAL("{} (another daemon running?)", s.ToString());
+    server->Shutdown();
+    fast.Stop();
     return 1;
   }
   if (absl::Status s = staged->Publish(group, 0660); !s.ok()) {
@@ -605,6 +612,7 @@ int Main(int argc, char** argv) {
     server->GetHealthCheckService()->SetServingStatus(false);
     service.DrainSessions();
     fast.DrainSessions();
+    gate.Stop();  // No new connection for a server shutting down.
     if (admin_server) {
       admin_server->Shutdown(std::chrono::system_clock::now() +
                              std::chrono::seconds(2));

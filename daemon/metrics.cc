@@ -491,6 +491,28 @@ std::vector<MetricFamily> MetricsExporter::Impl::Collect() const {
         static_cast<double>(FastLookupClosed(static_cast<FastLookupClose>(r))));
   }
   out.push_back(fast_closed.Take());
+  // The gRPC socket's gate (grpc_gate.h).
+  Family grpc_conns("kvtier_grpc_connections",
+                    "gRPC connections by state: waiting (for their HTTP/2 "
+                    "preface) or served",
+                    MetricType::Gauge);
+  grpc_conns.Value({L("state", "waiting")},
+                   static_cast<double>(internal::grpc_connections[0]));
+  grpc_conns.Value({L("state", "served")},
+                   static_cast<double>(internal::grpc_connections[1]));
+  out.push_back(grpc_conns.Take());
+  Family grpc_closed(
+      "kvtier_grpc_connections_closed_total",
+      "gRPC connections the daemon refused or closed before serving them, by "
+      "reason: uid_cap (--grpc_max_connections_per_uid), cap "
+      "(--grpc_max_connections), preface_deadline, bad_preface, no_fds",
+      MetricType::Counter);
+  for (int r = 0; r < kGrpcCloseReasons; ++r) {
+    grpc_closed.Value(
+        {L("reason", kGrpcCloseNames[r])},
+        static_cast<double>(GrpcClosed(static_cast<GrpcClose>(r))));
+  }
+  out.push_back(grpc_closed.Take());
   return out;
 }
 

@@ -163,6 +163,43 @@ inline void AddFastLookupConnections(int64_t pending, int64_t served) {
                                                  std::memory_order_relaxed);
 }
 
+// gRPC connections the gate (daemon/grpc_gate.h) closed, by why
+// (kvtier_grpc_connections_closed_total{reason}): refused at accept by the
+// uid's or the server's cap, no HTTP/2 preface within the deadline, bytes
+// that are not the preface, out of fds.
+enum class GrpcClose : uint8_t {
+  kUidCap = 0,
+  kCap = 1,
+  kPrefaceDeadline = 2,
+  kBadPreface = 3,
+  kNoFds = 4,
+};
+inline constexpr int kGrpcCloseReasons = 5;
+inline constexpr const char* kGrpcCloseNames[kGrpcCloseReasons] = {
+    "uid_cap", "cap", "preface_deadline", "bad_preface", "no_fds"};
+
+namespace internal {
+inline std::atomic<uint64_t> grpc_closed[kGrpcCloseReasons] = {};
+// [0] waiting for their preface, [1] served.
+inline std::atomic<int64_t> grpc_connections[2] = {};
+}  // namespace internal
+
+// Counts one close of `why`. Thread-safe, lock-free; process-wide.
+inline void CountGrpcClose(GrpcClose why) {
+  internal::grpc_closed[static_cast<int>(why)].fetch_add(
+      1, std::memory_order_relaxed);
+}
+// The closes of `why` counted so far in this process.
+inline uint64_t GrpcClosed(GrpcClose why) {
+  return internal::grpc_closed[static_cast<int>(why)].load(
+      std::memory_order_relaxed);
+}
+// Adds `waiting` and `served` to the gRPC connection gauges.
+inline void AddGrpcConnections(int64_t waiting, int64_t served) {
+  internal::grpc_connections[0].fetch_add(waiting, std::memory_order_relaxed);
+  internal::grpc_connections[1].fetch_add(served, std::memory_order_relaxed);
+}
+
 // The daemon's Prometheus metrics (see docs/operations.md for the list).
 class MetricsExporter final : public LatencySink {
  public:

@@ -61,8 +61,15 @@ ABSL_FLAG(uint64_t, grpc_memory_quota_bytes, 4ull << 30,
 ABSL_FLAG(uint32_t, grpc_handshake_timeout_ms, 10000,
           "A gRPC connection must finish its HTTP/2 handshake within this "
           "many ms, else it is closed (0: gRPC's default, 120 s)");
-ABSL_FLAG(uint32_t, grpc_max_connection_idle_s, 0,
-          "Close gRPC connections that carried no call this long (0: never)");
+ABSL_FLAG(uint32_t, grpc_max_connection_idle_s, 300,
+          "Close gRPC connections that carried no call this long (clients "
+          "reconnect on their next call; 0: never)");
+ABSL_FLAG(uint32_t, grpc_max_connections, 4096,
+          "Most gRPC connections at once (waiting for their HTTP/2 preface or "
+          "served); a new one past it is closed at accept (at least 1)");
+ABSL_FLAG(uint32_t, grpc_max_connections_per_uid, 64,
+          "Most gRPC connections one uid may have at once; a new one past it "
+          "is closed at accept (at least 1)");
 
 namespace kvtier::daemon {
 namespace {
@@ -140,6 +147,12 @@ absl::StatusOr<ServerLimits> ServerLimitsFromFlags() {
            std::pair<const char*, uint32_t>{
                "--max_sessions_per_uid",
                absl::GetFlag(FLAGS_max_sessions_per_uid)},
+           std::pair<const char*, uint32_t>{
+               "--grpc_max_connections",
+               absl::GetFlag(FLAGS_grpc_max_connections)},
+           std::pair<const char*, uint32_t>{
+               "--grpc_max_connections_per_uid",
+               absl::GetFlag(FLAGS_grpc_max_connections_per_uid)},
        }) {
     if (value == 0) {
       return absl::InvalidArgumentError(
@@ -156,6 +169,12 @@ absl::StatusOr<ServerLimits> ServerLimitsFromFlags() {
       absl::Milliseconds(absl::GetFlag(FLAGS_grpc_handshake_timeout_ms));
   l.max_connection_idle =
       absl::Seconds(absl::GetFlag(FLAGS_grpc_max_connection_idle_s));
+  l.gate.preface_deadline = l.handshake_timeout > absl::ZeroDuration()
+                                ? l.handshake_timeout
+                                : absl::Seconds(120);
+  l.gate.max_connections = ClampInt(absl::GetFlag(FLAGS_grpc_max_connections));
+  l.gate.max_connections_per_uid =
+      ClampInt(absl::GetFlag(FLAGS_grpc_max_connections_per_uid));
   FastLookupOptions& f = l.fast_lookup;
   f.hello_deadline =
       absl::Milliseconds(absl::GetFlag(FLAGS_fast_lookup_hello_deadline_ms));

@@ -2,9 +2,10 @@
 // the socket's group abuse them (issue 14). The process's file limit is
 // raised to what the hard limit allows (every connection is an fd); the gRPC
 // server gets a resource quota, message size caps, a stream cap per
-// connection and a handshake deadline (a connection that never speaks
-// HTTP/2 is closed); the fast lookup socket gets FastLookupOptions
-// (daemon/fast_lookup_server.h). The --grpc_*, --fast_lookup_* and
+// connection and an idle timeout, and its socket's gate (daemon/grpc_gate.h)
+// caps connections per uid and closes one that never speaks HTTP/2; the fast
+// lookup socket gets FastLookupOptions (daemon/fast_lookup_server.h). The
+// --grpc_*, --fast_lookup_* and
 // --max_sessions_per_uid flags that set them are defined in
 // server_limits.cc, beside the code they feed.
 //
@@ -21,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "daemon/fast_lookup_server.h"
+#include "daemon/grpc_gate.h"
 
 namespace grpc {
 class ServerBuilder;
@@ -46,9 +48,11 @@ struct ServerLimits {
   // is closed. Zero: gRPC's default (120 s).
   absl::Duration handshake_timeout = absl::Seconds(10);
   // Close a connection that carried no call for this long (clients
-  // reconnect on their next call). Zero: never; an engine's connection
-  // always carries its Session stream.
-  absl::Duration max_connection_idle = absl::ZeroDuration();
+  // reconnect on their next call; a Session stream is a call). Zero: never.
+  absl::Duration max_connection_idle = absl::Minutes(5);
+  // The gRPC socket's connections: per-uid caps and the preface deadline
+  // (the handshake timeout, or gRPC's 120 s when that is zero).
+  GrpcGateOptions gate;
   FastLookupOptions fast_lookup;
 };
 
@@ -65,8 +69,8 @@ struct FileLimit {
 // getrlimit or setrlimit fails (the limit is then unchanged).
 absl::StatusOr<FileLimit> RaiseFileLimit();
 
-// Applies `limits` (all but fast_lookup) to `builder`. REQUIRES: before
-// BuildAndStart.
+// Applies `limits` (all but gate and fast_lookup) to `builder`. REQUIRES:
+// before BuildAndStart.
 void ApplyServerLimits(grpc::ServerBuilder* builder,
                        const ServerLimits& limits);
 

@@ -190,8 +190,7 @@ void GrpcGate::AcceptReady() {
       if (of_uid == 0) per_uid_.erase(cred.uid);
       CountGrpcClose(uid_cap ? GrpcClose::kUidCap : GrpcClose::kCap);
       ::close(fd);
-      LogRefusal(cred.uid, uid_cap ? "--grpc_max_connections_per_uid"
-                                   : "--grpc_max_connections");
+      LogRefusal(cred.uid, uid_cap);
       continue;
     }
     const uint64_t seq = next_seq_++;
@@ -260,17 +259,16 @@ void GrpcGate::OnFdsExhausted(int err) {
   }
 }
 
-void GrpcGate::LogRefusal(uid_t uid, const char* flag) {
+void GrpcGate::LogRefusal(uid_t uid, bool uid_cap) {
   ++refusals_;
   const Clock::time_point now = Clock::now();
   if (now - last_log_ < kLogInterval) return;
   SPDLOG_WARN(
       "gRPC: refused {} connections since the last report, the latest from "
       "uid {} ({} {}, {} connections in all)",
-      refusals_, uid, flag,
-      flag == std::string_view("--grpc_max_connections")
-          ? options_.max_connections
-          : options_.max_connections_per_uid,
+      refusals_, uid,
+      uid_cap ? "--grpc_max_connections_per_uid" : "--grpc_max_connections",
+      uid_cap ? options_.max_connections_per_uid : options_.max_connections,
       total_.load(std::memory_order_relaxed));
   last_log_ = now;
   refusals_ = 0;

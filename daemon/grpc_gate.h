@@ -112,8 +112,9 @@ class GrpcGate {
   void HandOver(uint64_t seq);
   // Forgets connection `seq` and closes the gate's fd of it, counting `why`.
   void Close(uint64_t seq, std::optional<GrpcClose> why);
-  // Logs a refusal (at most once per interval).
-  void LogRefusal(uid_t uid, const char* flag);
+  // Counts a refusal of `uid` at its cap (`uid_cap`) or the socket's and
+  // logs the refusals at most once per interval.
+  void LogRefusal(uid_t uid, bool uid_cap);
   // Milliseconds until the next preface deadline or accept resumption, -1
   // for none.
   int NextTimeoutMs(Clock::time_point now) const;

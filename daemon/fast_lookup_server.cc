@@ -22,6 +22,7 @@
 #include "common/error_reason.h"
 #include "daemon/metrics.h"
 #include "daemon/peer_credentials.h"
+#include "daemon/socket_staging.h"
 #include "spdlog/spdlog.h"
 
 namespace kvtier::daemon {
@@ -82,12 +83,18 @@ absl::Status FastLookupServer::Start(const std::string& path, gid_t group) {
   if (::lstat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) {
     ::unlink(path.c_str());
   }
+  // Bound out of reach; it appears at `path` only with its group and mode
+  // set (daemon/socket_staging.h).
+  absl::StatusOr<StagedSocket> staged =
+      StagedSocket::Create(path, "fast lookup socket");
+  if (!staged.ok()) return staged.status();
   listen_fd_ = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
   if (listen_fd_ < 0) {
     return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
   }
   addr.sun_family = AF_UNIX;
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
+  std::memcpy(addr.sun_path, staged->bind_path().c_str(),
+              staged->bind_path().size() + 1);
   if (::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) !=
           0 ||
       ::listen(listen_fd_, SOMAXCONN) != 0) {
@@ -97,16 +104,10 @@ absl::Status FastLookupServer::Start(const std::string& path, gid_t group) {
     return absl::FailedPreconditionError(
         absl::StrCat("fast lookup socket ", path, ": ", strerror(err)));
   }
-  if ((group != static_cast<gid_t>(-1) &&
-       ::chown(path.c_str(), static_cast<uid_t>(-1), group) != 0) ||
-      ::chmod(path.c_str(), 0660) != 0) {
-    const int err = errno;
+  if (absl::Status s = staged->Publish(group, 0660); !s.ok()) {
     ::close(listen_fd_);
     listen_fd_ = -1;
-    ::unlink(path.c_str());
-    return absl::FailedPreconditionError(
-        absl::StrCat("fast lookup socket ", path, ": setting group ", group,
-                     " and mode 0660: ", strerror(err)));
+    return s;
   }
   epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);

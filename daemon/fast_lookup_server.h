@@ -133,7 +133,8 @@ class FastLookupServer {
   FastLookupServer& operator=(const FastLookupServer&) = delete;
 
   // Listens on `path` (a stale socket file is replaced; mode 0660, owned by
-  // `group` unless it is -1) and starts the acceptor. REQUIRES: not started.
+  // `group` unless it is -1, both set before the socket appears there:
+  // daemon/socket_staging.h) and starts the acceptor. REQUIRES: not started.
   absl::Status Start(const std::string& path,
                      gid_t group = static_cast<gid_t>(-1));
   // Closes the listener and every connection and waits for their threads.

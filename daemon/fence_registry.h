@@ -106,7 +106,7 @@ struct FenceOptions {
   // Most lines (holder and namespace) one uid may have recorded at once
   // (--max_fence_holders_per_uid; at least 1). Sessions whose credentials
   // are not bound share one count.
-  uint32_t max_holders_per_uid = 1024;
+  uint32_t max_holders_per_uid = 16384;
 };
 
 // A uid the registry counts sessions without bound credentials under.

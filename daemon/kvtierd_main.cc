@@ -121,7 +121,7 @@ ABSL_FLAG(uint32_t, unseen_pid_fence_s, 300,
           "pid namespace): the rows its sessions held stay fenced this many "
           "seconds after its last session closed, unless it reports first "
           "(daemon/fence_registry.h)");
-ABSL_FLAG(uint32_t, max_fence_holders_per_uid, 1024,
+ABSL_FLAG(uint32_t, max_fence_holders_per_uid, 16384,
           "Most client connections of one uid recorded (once per namespace "
           "they attach to) as holding rows, for the restart fence; an "
           "Attach past it is refused until some of its processes exit. At "

@@ -19,7 +19,9 @@
 namespace kvtier::daemon {
 
 void TierCore::FillNamespaceInfo(Namespace& ns, v1::NamespaceInfo* info) {
-  absl::MutexLock lock(&ns.mu);
+  // Shared: Stats (the watchdog's probe) reads beside the namespace's
+  // lookups, which hold it shared too, and waits only for a writer.
+  absl::ReaderMutexLock lock(&ns.mu);
   PrefixIndex::Usage u = ns.index->GetUsage();
   info->set_namespace_id(ns.id);
   info->set_name(ns.name);

@@ -337,16 +337,7 @@ absl::Status ReplayModel::ApplyReserve(Cursor& c) {
   }
   reserved_.Reserve(rank, pages, snaps, merged);
   // The engine may have written these rows: whatever held them lost them.
-  for (uint32_t row : pages) {
-    if (const uint32_t owner = PageOwner(rank, row); owner != kNoNode) {
-      ClearPageRow(owner, rank);
-    }
-  }
-  for (uint32_t row : snaps) {
-    if (const uint32_t owner = SnapshotOwner(rank, row); owner != kNoNode) {
-      ClearSnapshotRow(owner, rank);
-    }
-  }
+  TakeRows(rank, pages, snaps);
   return absl::OkStatus();
 }
 
@@ -361,6 +352,12 @@ absl::Status ReplayModel::ApplyRelease(Cursor& c) {
   // Their bytes are nobody's: a node the model still has there (which a
   // journal the daemon wrote never has, the rows' reservation having taken
   // them) goes too.
+  TakeRows(rank, pages, snaps);
+  return absl::OkStatus();
+}
+
+void ReplayModel::TakeRows(uint32_t rank, absl::Span<const uint32_t> pages,
+                           absl::Span<const uint32_t> snaps) {
   for (uint32_t row : pages) {
     if (const uint32_t owner = PageOwner(rank, row); owner != kNoNode) {
       ClearPageRow(owner, rank);
@@ -371,7 +368,6 @@ absl::Status ReplayModel::ApplyRelease(Cursor& c) {
       ClearSnapshotRow(owner, rank);
     }
   }
-  return absl::OkStatus();
 }
 
 absl::Status ReplayModel::ApplyCommit(Cursor& c) {

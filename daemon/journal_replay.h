@@ -143,6 +143,9 @@ class ReplayModel {
                            std::vector<uint32_t>* snaps);
   absl::Status ApplyReserve(Cursor& c);
   absl::Status ApplyRelease(Cursor& c);
+  // Takes `rank`'s `pages` and `snaps` rows from whichever nodes hold them.
+  void TakeRows(uint32_t rank, absl::Span<const uint32_t> pages,
+                absl::Span<const uint32_t> snaps);
 
   absl::Status ApplyCommit(Cursor& c);
 

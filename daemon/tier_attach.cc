@@ -66,9 +66,26 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
   // write must not stall other sessions' requests. `keep` keeps the
   // namespace alive meanwhile.
   const std::shared_ptr<Namespace> keep = *ns;
+  // Meanwhile the session counts among the namespace's sessions, so that a
+  // Drop without force (one that waited for this creation, say) refuses as
+  // it would a moment later; it gets no row before it is in
+  // Session::attached below. Taken out again if the Attach fails.
+  bool counted = false;
+  {
+    absl::MutexLock ns_lock(&n.mu);
+    counted =
+        n.sessions.try_emplace(req.session_id(), n.StorageRank(req.tp_rank()))
+            .second;
+  }
+  auto uncount = [&] {
+    if (!counted) return;
+    absl::MutexLock ns_lock(&n.mu);
+    n.sessions.erase(req.session_id());
+  };
   lock.Release();
   if (absl::Status s = fence_->NoteHolder(req.session_id(), n.name);
       !s.ok()) {
+    uncount();
     return s;
   }
   absl::ReleasableMutexLock relock(&mu_);
@@ -81,6 +98,7 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
   }
   session = sessions_.find(req.session_id());
   if (session == sessions_.end()) {
+    uncount();
     SPDLOG_INFO(
         "session {} closed while namespace '{}' was being created; "
         "the namespace stays, not attached",
@@ -91,6 +109,7 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
   }
   if (auto it = session->second.attached.find(n.id);
       it != session->second.attached.end() && it->second != req.tp_rank()) {
+    uncount();
     return absl::FailedPreconditionError(
         absl::StrCat("tp_rank: this session is attached to namespace '", n.name,
                      "' as rank ", it->second, " already"));

@@ -13,7 +13,10 @@
 //   as libkvtier's binary lookup frame and as a protobuf Lookup call; then
 //   Reserve+Commit pages per second and latency, with the journal off, on
 //   (fsync off) and on with fsync, the journal on a disk folder (/var/tmp)
-//   whose filesystem the JSON names.
+//   whose filesystem the JSON names;
+// - with --background (or --background_only): lookup latency while a
+//   large namespace's journal is checkpointed and while its evictions
+//   spill to a cluster tier (bench/index_bench_background.h).
 // Prints one JSON object. Never asserts on time: it reports.
 #include <sys/utsname.h>
 #include <unistd.h>
@@ -37,6 +40,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/index_bench_background.h"
+#include "bench/index_bench_util.h"
 #include "client/client.h"
 #include "daemon/prefix_index.h"
 #include "daemon/tier_core.h"
@@ -52,6 +57,32 @@ ABSL_FLAG(uint32_t, prefixes, 64, "Distinct cached prefixes looked up");
 ABSL_FLAG(bool, socket, true, "Run the over-the-socket part");
 ABSL_FLAG(uint32_t, journal_commits, 512,
           "Reserve+Commit calls per journal setting (none, on, fsync)");
+ABSL_FLAG(bool, background, false,
+          "Add the background part: lookups during checkpoints and spills");
+ABSL_FLAG(bool, background_only, false,
+          "Run the background part alone (the others print null)");
+ABSL_FLAG(uint64_t, bg_pages, 393216,
+          "Background: committed pages of the large namespace");
+ABSL_FLAG(uint32_t, bg_lookup_threads, 2,
+          "Background: lookup threads on the large namespace");
+ABSL_FLAG(uint32_t, bg_other_threads, 1,
+          "Background: lookup threads on the other namespace");
+ABSL_FLAG(uint32_t, bg_writer_pages, 64,
+          "Background: pages per Reserve+Commit of the writer thread");
+ABSL_FLAG(double, bg_writer_per_s, 200,
+          "Background: the writer's Reserve+Commits per second (0: no pause)");
+ABSL_FLAG(uint64_t, bg_min_compact_bytes, 1,
+          "Background: the checkpoint phase's compaction threshold");
+ABSL_FLAG(std::string, bg_state_parent, "/var/tmp",
+          "Background: the disk folder that holds the journal folders");
+ABSL_FLAG(uint64_t, bg_spill_pages, 32768,
+          "Background: page rows of the spill phase's large namespace");
+ABSL_FLAG(uint32_t, bg_spill_row_bytes, 16384,
+          "Background: bytes of a row of the spill phase's namespace");
+ABSL_FLAG(int, bg_redis_masters, 3, "Background: Redis Cluster masters");
+ABSL_FLAG(double, bg_stall_us, 1000,
+          "Background: lookups slower than this are counted as stalls");
+ABSL_FLAG(std::string, bg_note, "", "Background: free text for the JSON");
 
 namespace kvtier::bench {
 namespace {
@@ -83,16 +114,6 @@ std::string Json(const Percentiles& p) {
   return absl::StrFormat(
       R"({"p50_us": %.1f, "p99_us": %.1f, "mean_us": %.1f, "ops": %d})",
       p.p50_us, p.p99_us, p.mean_us, p.ops);
-}
-
-std::string RandomHashes(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::string out(n * 32, '\0');
-  for (size_t i = 0; i < out.size(); i += 8) {
-    const uint64_t v = rng();
-    std::memcpy(&out[i], &v, 8);
-  }
-  return out;
 }
 
 uint64_t RssBytes() {
@@ -338,22 +359,6 @@ std::string LookupRun(const std::string& socket, const AttachOptions& ao,
       p.ops / took, parts);
 }
 
-// The filesystem type of `path` (the journal's medium: fsync on tmpfs costs
-// nothing).
-std::string FsType(const std::string& path) {
-  std::ifstream mounts("/proc/mounts");
-  std::string best_dir, best_type = "unknown";
-  for (std::string line; std::getline(mounts, line);) {
-    std::vector<std::string> f = absl::StrSplit(line, ' ');
-    if (f.size() < 3) continue;
-    if (path.rfind(f[1], 0) == 0 && f[1].size() >= best_dir.size()) {
-      best_dir = f[1];
-      best_type = f[2];
-    }
-  }
-  return best_type;
-}
-
 // Commit through a daemon whose journal is `journal` ("none", "on" or
 // "fsync", the last two under a disk folder when one exists).
 std::string JournalCommit(const std::string& journal, uint32_t pages,
@@ -429,6 +434,28 @@ std::string OverSocket(uint32_t pages, double seconds, uint32_t prefixes,
       absl::StrJoin(journals, ", "));
 }
 
+// The background part's options: the --bg_* flags, --prefixes, and the
+// lookup's length and the time per phase given.
+BackgroundOptions BackgroundFromFlags(uint32_t pages, double seconds) {
+  BackgroundOptions b;
+  b.lookup_pages = pages;
+  b.prefixes = absl::GetFlag(FLAGS_prefixes);
+  b.seconds = seconds;
+  b.pages = absl::GetFlag(FLAGS_bg_pages);
+  b.lookup_threads = absl::GetFlag(FLAGS_bg_lookup_threads);
+  b.other_threads = absl::GetFlag(FLAGS_bg_other_threads);
+  b.writer_pages = absl::GetFlag(FLAGS_bg_writer_pages);
+  b.writer_per_s = absl::GetFlag(FLAGS_bg_writer_per_s);
+  b.min_compact_bytes = absl::GetFlag(FLAGS_bg_min_compact_bytes);
+  b.state_parent = absl::GetFlag(FLAGS_bg_state_parent);
+  b.spill_pages = absl::GetFlag(FLAGS_bg_spill_pages);
+  b.spill_row_bytes = absl::GetFlag(FLAGS_bg_spill_row_bytes);
+  b.redis_masters = absl::GetFlag(FLAGS_bg_redis_masters);
+  b.stall_us = absl::GetFlag(FLAGS_bg_stall_us);
+  b.note = absl::GetFlag(FLAGS_bg_note);
+  return b;
+}
+
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   // stdout carries the JSON alone; the in-process daemon core logs to stderr.
@@ -442,21 +469,27 @@ int Main(int argc, char** argv) {
     int v = 0;
     if (absl::SimpleAtoi(s, &v) && v > 0) counts.push_back(v);
   }
-  const std::string memory = MemoryFigure(absl::GetFlag(FLAGS_memory_pages));
+  const bool only = absl::GetFlag(FLAGS_background_only);
+  const std::string memory =
+      only ? "null" : MemoryFigure(absl::GetFlag(FLAGS_memory_pages));
   const std::string in_process =
-      InProcess(pages, seconds, absl::GetFlag(FLAGS_prefixes));
+      only ? "null" : InProcess(pages, seconds, absl::GetFlag(FLAGS_prefixes));
   const std::string socket =
-      absl::GetFlag(FLAGS_socket)
+      absl::GetFlag(FLAGS_socket) && !only
           ? OverSocket(pages, seconds, absl::GetFlag(FLAGS_prefixes), counts)
           : "null";
+  std::string background = "null";
+  if (only || absl::GetFlag(FLAGS_background)) {
+    background = RunBackground(BackgroundFromFlags(pages, seconds));
+  }
   std::printf(
       "{\"benchmark\": \"index_bench\", \"date\": \"%s\", \"machine\": %s, "
       "\"lookup_pages\": %u,\n \"memory\": %s,\n \"in_process\": %s,\n "
-      "\"socket\": %s}\n",
+      "\"socket\": %s,\n \"background\": %s}\n",
       absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone())
           .c_str(),
       Machine().c_str(), pages, memory.c_str(), in_process.c_str(),
-      socket.c_str());
+      socket.c_str(), background.c_str());
   return 0;
 }
 

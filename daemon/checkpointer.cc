@@ -3,6 +3,8 @@
 // Thread-safety: see checkpointer.h.
 #include "daemon/checkpointer.h"
 
+#include <unistd.h>
+
 #include <memory>
 #include <utility>
 
@@ -74,6 +76,7 @@ void Checkpointer::CheckpointOne(TierNamespace& ns) {
   }
   Hook("checkpoint:writing");
   absl::Status s = NamespaceJournal::WriteCheckpoint(*pending);
+  int retired_fd = -1;  // The replaced journal, closed after the lock.
   {
     absl::MutexLock lock(&ns.mu);
     if (ns.journal.get() != journal) {
@@ -83,7 +86,7 @@ void Checkpointer::CheckpointOne(TierNamespace& ns) {
     } else if (!s.ok()) {
       ns.journal->DiscardCheckpoint(std::move(pending));  // The old file stays.
     } else {
-      s = ns.journal->FinishCheckpoint(std::move(pending));
+      s = ns.journal->FinishCheckpoint(std::move(pending), &retired_fd);
     }
     if (!s.ok()) {
       SPDLOG_WARN("namespace '{}': background checkpoint discarded: {}",
@@ -94,6 +97,7 @@ void Checkpointer::CheckpointOne(TierNamespace& ns) {
                   absl::FormatDuration(absl::Now() - start));
     }
   }
+  if (retired_fd >= 0) ::close(retired_fd);
   absl::MutexLock lock(&mu_);
   ++(s.ok() ? written_ : discarded_);
 }

@@ -216,7 +216,11 @@ class NamespaceJournal {
   struct PendingCheckpoint;
   std::unique_ptr<PendingCheckpoint> StartCheckpoint(const PrefixIndex& index);
   static absl::Status WriteCheckpoint(PendingCheckpoint& pending);
-  absl::Status FinishCheckpoint(std::unique_ptr<PendingCheckpoint> pending);
+  // With `retired_fd`, the replaced file's descriptor is handed back there
+  // (-1: none) for the caller to close once it released its lock (closing
+  // an unlinked file frees its blocks), instead of being closed here.
+  absl::Status FinishCheckpoint(std::unique_ptr<PendingCheckpoint> pending,
+                                int* retired_fd = nullptr);
   // Drops `pending` (its write failed): the journal stays the old file, and
   // another checkpoint may start.
   void DiscardCheckpoint(std::unique_ptr<PendingCheckpoint> pending);

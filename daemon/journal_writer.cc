@@ -243,7 +243,7 @@ absl::Status NamespaceJournal::WriteCheckpoint(PendingCheckpoint& p) {
 }
 
 absl::Status NamespaceJournal::FinishCheckpoint(
-    std::unique_ptr<PendingCheckpoint> p) {
+    std::unique_ptr<PendingCheckpoint> p, int* retired_fd) {
   if (p == nullptr || p.get() != pending_ || p->abandoned || p->fd < 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("journal: ", path_,
@@ -271,7 +271,13 @@ absl::Status NamespaceJournal::FinishCheckpoint(
       ::close(dfd);
     }
   }
-  if (fd_ >= 0) ::close(fd_);
+  // The old file is unlinked now: closing it frees its blocks, which can
+  // take milliseconds; the caller may do that after its lock.
+  if (retired_fd != nullptr) {
+    *retired_fd = fd_;
+  } else if (fd_ >= 0) {
+    ::close(fd_);
+  }
   fd_ = p->fd;
   p->fd = -1;
   checkpoint_bytes_ = p->head_bytes;

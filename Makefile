@@ -49,7 +49,8 @@ TSAN_BUILD ?= build-tsan
 TSAN_LOAD_SECONDS ?= 10
 TSAN_TESTS ?= tsan_canary_test tier_core_test tier_lookup_test tier_events_test \
   kv_events_test tier_attach_test \
-  tier_fence_test tier_recovery_test fast_lookup_server_test metrics_test \
+  tier_fence_test tier_fence_restart_test checkpointer_test \
+  tier_recovery_test fast_lookup_server_test metrics_test \
   client_test reference_stream_test transfer_engine_test journal_test \
   prefix_index_test device_pool_test restart_test crash_test \
   multiprocess_test load_test fence_test device_pool_daemon_test \

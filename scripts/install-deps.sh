@@ -20,6 +20,9 @@ pkgs=(
   # redis-tools (redis-cli --cluster) for the tests' real Redis Cluster,
   # iproute2 for their network namespaces.
   libhiredis-dev redis-server redis-tools iproute2
+  # tests/socket_birth_test: kvtierd under strace's delayed chmods (issue 27),
+  # setpriv (util-linux) to run it and the racer as other users.
+  strace util-linux
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -19,9 +19,9 @@
 // value). The daemon appends with write(2) inside the namespace's critical
 // section, before it answers: a commit is acknowledged only once its record
 // is in the file, and a reservation's rows reach the engine only once the
-// reservation is. The page cache keeps a written record through a crash of the daemon process; fsync per record (JournalOptions::
-// fsync) is for machine crashes, which banks in /dev/shm do not survive
-// anyway.
+// reservation is. The page cache keeps a written record through a crash of the
+// daemon process; fsync per record (JournalOptions:: fsync) is for machine
+// crashes, which banks in /dev/shm do not survive anyway.
 //
 // Evictions are not journaled: an evicted row's bytes stay what they were
 // until something writes the row, and every writer — an engine, the
@@ -280,9 +280,9 @@ struct NamespaceJournal::PendingCheckpoint {
   ~PendingCheckpoint();
 
   const NamespaceJournal* journal = nullptr;  // Which journal it is for.
-  std::string tmp;     // The temporary file's path.
-  bool fsync = false;  // JournalOptions::fsync.
-  std::string head;    // Magic, header and checkpoint (WriteCheckpoint's).
+  std::string tmp;                            // The temporary file's path.
+  bool fsync = false;                         // JournalOptions::fsync.
+  std::string head;  // Magic, header and checkpoint (WriteCheckpoint's).
   uint64_t head_bytes = 0;
   std::string tail;  // Records appended since the start.
   int fd = -1;       // The temporary file, once WriteCheckpoint opened it.

@@ -23,8 +23,8 @@
 // Why this is sound: credentials are bound to whoever first presents the
 // session id on the raw socket, and only the process that opened the session
 // knows the id (the daemon draws it from the kernel's getrandom(2):
-// daemon/random_id.h; 2^64 guesses over a socket are out of reach). A binding is
-// final: a second Hello for the same session with other credentials is
+// daemon/random_id.h; 2^64 guesses over a socket are out of reach). A binding
+// is final: a second Hello for the same session with other credentials is
 // PERMISSION_DENIED, so a stolen id cannot be re-bound to a new identity. A
 // process that hands its session id to another process delegates its rights to
 // it, as it could by proxying its requests. Both sockets are mode 0660 and,

@@ -83,8 +83,7 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
     n.sessions.erase(req.session_id());
   };
   lock.Release();
-  if (absl::Status s = fence_->NoteHolder(req.session_id(), n.name);
-      !s.ok()) {
+  if (absl::Status s = fence_->NoteHolder(req.session_id(), n.name); !s.ok()) {
     uncount();
     return s;
   }
@@ -327,8 +326,8 @@ absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
 
 void TierCore::OrphanDeviceSlotsLocked(Namespace& ns) {
   auto keep = [&](uint64_t session, InstanceKey instance, uint32_t pool,
-                  const std::vector<uint32_t>& rows, uint64_t lease)
-                  ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                  const std::vector<uint32_t>& rows, uint64_t lease) {
+    mu_.AssertHeld();  // As the function requires (the analysis's view).
     if (rows.empty() && lease == 0) return;
     orphaned_device_.push_back(
         {std::move(instance), session, pool, rows, lease});

@@ -126,12 +126,11 @@ void TierCore::RunPrefetch(const std::shared_ptr<Namespace>& nsp,
         names.push_back(ClusterKeyName(f.shapes.back().digest));
       }
     }
-    f.values =
-        std::async(std::launch::async,
-                   [cluster, names = std::move(names), max_value_bytes,
-                    arena = f.arena.get()] {
-                     return cluster->Fetch(names, max_value_bytes, arena);
-                   });
+    f.values = std::async(
+        std::launch::async, [cluster, names = std::move(names), max_value_bytes,
+                             arena = f.arena.get()] {
+          return cluster->Fetch(names, max_value_bytes, arena);
+        });
     return f;
   };
   const size_t in_flight = cluster->options().prefetch_in_flight;

@@ -288,6 +288,8 @@ std::vector<MetricFamily> MetricsExporter::Impl::Collect() const {
       "Rows given up, by cause: page_lru (pages evicted LRU to make room), "
       "snapshot (snapshots evicted; includes spacing_violation), "
       "spacing_violation (snapshots evicted against the spacing policy), "
+      "incomplete_ranks (pages some TP/PP rank never committed, which no "
+      "lookup can use, evicted first; included in page_lru), "
       "drop (pages removed by a prefix drop)",
       MetricType::Counter);
   Family index_pages("kvtier_index_pages", "Pages in the index",
@@ -340,6 +342,8 @@ std::vector<MetricFamily> MetricsExporter::Impl::Collect() const {
                     ns.evicted_snapshots());
     evictions.Value({L("namespace", name), L("cause", "spacing_violation")},
                     c.spacing_violations);
+    evictions.Value({L("namespace", name), L("cause", "incomplete_ranks")},
+                    c.evicted_incomplete_pages);
     evictions.Value({L("namespace", name), L("cause", "drop")},
                     c.dropped_pages);
     index_pages.Value({L("namespace", name)}, ns.pages());

@@ -70,6 +70,7 @@ PrefixIndex::PrefixIndex(const IndexConfig& config)
               CountingAllocator<uint32_t>(&pinned_bytes_)) {
   pages_.Reset(ranks_, config.page_rows);
   snapshots_.Reset(ranks_, config.snapshot_rows);
+  incomplete_grace_ms_ = config.incomplete_grace_ms;
 }
 
 PrefixIndex::~PrefixIndex() = default;

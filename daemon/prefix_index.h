@@ -77,6 +77,12 @@ struct IndexConfig {
   // Hybrid only (ignored otherwise): keep snapshots so that resuming any
   // cached prefix replays at most this many tokens. 0 = no preference.
   uint32_t max_replay_tokens = 0;
+  // Leaves some rank has not committed (no lookup can use them) are
+  // evicted before any other once they are this old: the ranks of one
+  // engine commit a step's pages within milliseconds of each other, so a
+  // node still incomplete after this is one whose other ranks' stores
+  // failed (a cap, the fence, a worker gone).
+  int64_t incomplete_grace_ms = 5000;
 };
 
 class PrefixIndex {
@@ -305,6 +311,9 @@ class PrefixIndex {
     uint64_t evicted_pages = 0;       // Nodes evicted (not dropped).
     uint64_t evicted_snapshots = 0;   // Snapshot nodes evicted, alone or not.
     uint64_t spacing_violations = 0;  // Forced non-redundant evictions.
+    // Of evicted_pages, nodes some rank never committed (no lookup could
+    // use them; evicted first, see IndexConfig::incomplete_grace_ms).
+    uint64_t evicted_incomplete_pages = 0;
   };
   // O(ranks).
   Usage GetUsage() const;
@@ -450,6 +459,11 @@ class PrefixIndex {
   // Eviction (prefix_index_evict.cc). Evict until `rank` has `n` free rows
   // of the bank, as far as eviction can. Return whether it has.
   bool EvictLeavesFor(uint32_t rank, uint32_t n);
+  // EvictLeavesFor's first pass: unpinned leaves holding a row of `rank`
+  // that some other rank never committed, older than the grace, from the
+  // oldest; at most kIncompleteScan leaves looked at (lookups never touch
+  // incomplete nodes, so they age to the front of the LRU).
+  void EvictIncompleteFor(uint32_t rank, uint32_t n);
   bool EvictSnapshotsFor(uint32_t rank, uint32_t n);
   // RemoveLeaf / RemoveSnapshot, counted as evictions.
   void EvictLeaf(uint32_t id);
@@ -521,6 +535,8 @@ class PrefixIndex {
   uint64_t nodes_ = 0, leaves_ = 0, snapshot_nodes_ = 0;
   uint64_t evicted_pages_ = 0, evicted_snapshots_ = 0;
   uint64_t spacing_violations_ = 0;
+  uint64_t evicted_incomplete_ = 0;
+  int64_t incomplete_grace_ms_ = 5000;
   std::vector<HashKey>* removal_log_ = nullptr;             // see SetRemovalLog
   std::function<void(const NodeView&)> eviction_observer_;  // see above
 };

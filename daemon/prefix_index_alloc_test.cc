@@ -320,6 +320,35 @@ TEST(PrefixIndexTest, TensorParallelRefusalCountsTheRanksRows) {
   ASSERT_TRUE(index->Unpin(pin).ok());
 }
 
+// Pages some rank never committed (no lookup can use them) go before any
+// other once past the grace, and are counted; within it they wait their
+// LRU turn (the other ranks may be about to commit them).
+TEST(PrefixIndexTest, IncompletePagesAreEvictedFirstOncePastTheGrace) {
+  for (const int64_t grace : {int64_t{0}, int64_t{3600000}}) {
+    IndexConfig c = Config(4, 0, 2);
+    c.incomplete_grace_ms = grace;
+    auto index = Make(c);
+    const auto x = Chain(1, 2);  // Both ranks: complete, and older.
+    const auto y = Chain(2, 2);  // Rank 0 only.
+    Put(*index, 0, nullptr, x);
+    Put(*index, 1, nullptr, x);
+    Put(*index, 0, nullptr, y);
+    EXPECT_EQ(index->Lookup(y, 0).matched_pages, 0u);
+    auto r = index->AllocatePageRows(0, 2);
+    ASSERT_TRUE(r.ok()) << r.status();
+    const PrefixIndex::Usage u = index->GetUsage();
+    EXPECT_EQ(u.evicted_pages, 2u) << grace;
+    if (grace == 0) {
+      EXPECT_EQ(index->Lookup(x, 1).matched_pages, 2u);
+      EXPECT_EQ(u.evicted_incomplete_pages, 2u);
+    } else {
+      EXPECT_EQ(index->Lookup(x, 1).matched_pages, 0u);  // The LRU's turn.
+      EXPECT_EQ(u.evicted_incomplete_pages, 0u);
+    }
+    EXPECT_TRUE(index->CheckInvariants().ok()) << index->CheckInvariants();
+  }
+}
+
 TEST(PrefixIndexTest, PinnedDeepNodeProtectsItsAncestors) {
   auto index = Make(Config(14));
   const auto a = Chain(1, 10);

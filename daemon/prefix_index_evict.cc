@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "daemon/prefix_index.h"
 
 namespace kvtier::daemon {
@@ -20,12 +22,36 @@ namespace {
 
 // EvictSnapshotsFor looks this far into the LRU for redundant snapshots.
 constexpr size_t kRedundancyScan = 64;
+// EvictIncompleteFor looks this far into the leaf LRU.
+constexpr size_t kIncompleteScan = 256;
 // A redundancy check giving up after this many descendants says "needed".
 constexpr size_t kRedundancyVisits = 4096;
 
 }  // namespace
 
+void PrefixIndex::EvictIncompleteFor(uint32_t rank, uint32_t n) {
+  if (ranks_ == 1) return;  // Every node is complete.
+  const int64_t before = absl::ToUnixMillis(absl::Now()) - incomplete_grace_ms_;
+  size_t scanned = 0;
+  auto it = leaf_lru_.begin();
+  while (pages_.free_rows(rank) < n && it != leaf_lru_.end() &&
+         scanned++ < kIncompleteScan) {
+    const auto key = *it;
+    const Node& node = N(key.second);
+    if (node.pins != 0 || Complete(node) ||
+        PageRow(key.second, rank) == kNoRow || node.unix_ms > before) {
+      ++it;
+      continue;
+    }
+    EvictLeaf(key.second);
+    // Its parent, left childless, re-enters no older than it: resume at its
+    // recency so the parent (incomplete too, if the child was) is seen.
+    it = leaf_lru_.lower_bound({key.first, 0});
+  }
+}
+
 bool PrefixIndex::EvictLeavesFor(uint32_t rank, uint32_t n) {
+  EvictIncompleteFor(rank, n);
   // Pinned leaves stay in the LRU and are passed over. A parent left
   // childless re-enters with a recency no older than its evicted child's, so
   // the walk resumes at that recency and the parent is not missed.
@@ -81,6 +107,7 @@ bool PrefixIndex::EvictSnapshotsFor(uint32_t rank, uint32_t n) {
 
 void PrefixIndex::EvictLeaf(uint32_t id) {
   ++evicted_pages_;
+  if (!Complete(N(id))) ++evicted_incomplete_;
   if (N(id).snapshot_ranks != 0) ++evicted_snapshots_;
   if (eviction_observer_ && Complete(N(id))) eviction_observer_(ViewOf(id));
   RemoveLeaf(id);

@@ -58,6 +58,7 @@ PrefixIndex::Usage PrefixIndex::GetUsage() const {
   u.evicted_pages = evicted_pages_;
   u.evicted_snapshots = evicted_snapshots_;
   u.spacing_violations = spacing_violations_;
+  u.evicted_incomplete_pages = evicted_incomplete_;
   return u;
 }
 

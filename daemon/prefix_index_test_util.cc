@@ -76,7 +76,8 @@ std::string Describe(const PrefixIndex::Usage& u) {
       absl::StrJoin(u.allocated_snapshot_rows, ","), "] scommitted=[",
       absl::StrJoin(u.committed_snapshot_rows, ","),
       "] evicted=", u.evicted_pages, "/", u.evicted_snapshots,
-      " violations=", u.spacing_violations);
+      " violations=", u.spacing_violations,
+      " incomplete=", u.evicted_incomplete_pages);
 }
 
 CommitResult Put(PrefixIndex& index, uint32_t rank, const HashKey* parent,

@@ -220,7 +220,9 @@ std::vector<TierCore::NamespaceCounters> TierCore::Counters() {
     c.snapshot_hits = ns->snapshot_hits.load();
     c.dropped_pages = ns->dropped_pages;
     c.dropped_snapshots = ns->dropped_snapshots;
-    c.spacing_violations = ns->index->GetUsage().spacing_violations;
+    const PrefixIndex::Usage usage = ns->index->GetUsage();
+    c.spacing_violations = usage.spacing_violations;
+    c.evicted_incomplete_pages = usage.evicted_incomplete_pages;
   }
   return out;
 }

@@ -78,6 +78,7 @@ struct TierNamespaceCounters {
   uint64_t dropped_pages = 0;        // Removed by Drop of a prefix subtree.
   uint64_t dropped_snapshots = 0;    // Of them, pages holding a snapshot.
   uint64_t spacing_violations = 0;   // PrefixIndex::Usage's.
+  uint64_t evicted_incomplete_pages = 0;  // PrefixIndex::Usage's.
 };
 
 }  // namespace kvtier::daemon

@@ -38,7 +38,10 @@
 //   g  layer_first_buffer  a's shapes in vLLM's layer-first single buffer:
 //                   one allocation, layer t's [pages][32 KiB] array at t x a
 //                   fixed stride, a page's chunks that stride apart.
-// f, f256k and g are not in the default --layouts; name them.
+//   f640k block_first_640k_tp8  one TP-8 rank of Llama-3-70B block-first:
+//                   80 layers x K,V of 4 KiB (1 KV head x 128 x 16 tokens
+//                   x bf16), a page one contiguous 640 KiB run.
+// f, f256k, f640k and g are not in the default --layouts; name them.
 // Prefixes (--prefixes, tokens): 1k, 8k and 32k; pages = tokens / page size.
 //
 // Methods, all on one non-blocking stream, timed with CUDA events around the

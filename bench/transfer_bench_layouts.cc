@@ -21,11 +21,15 @@
 
 namespace kvtier::bench {
 
+namespace {
+// Layers of layouts a-g (Llama-3-8B's 32).
+constexpr int kLayers = 32;
+}  // namespace
+
 std::vector<LayoutDef> AllLayouts() {
-  constexpr int kLayers = 32;
-  auto kv_bank = [](uint64_t bytes) {
+  auto kv_bank = [](uint64_t bytes, int layers = kLayers) {
     BankDef b{"kv", {}};
-    for (int i = 0; i < 2 * kLayers; ++i) b.tensor_bytes.push_back(bytes);
+    for (int i = 0; i < 2 * layers; ++i) b.tensor_bytes.push_back(bytes);
     return b;
   };
   std::vector<LayoutDef> out;
@@ -116,6 +120,20 @@ std::vector<LayoutDef> AllLayouts() {
     l.placement = GpuPlacement::kBlockFirst;
     l.tokens_per_page = 16;
     l.banks = {kv_bank(4 * kKiB)};
+    l.chunk_bytes = 4 * kKiB;
+    out.push_back(l);
+  }
+  {
+    LayoutDef l;
+    l.key = "f640k";
+    l.name = "block_first_640k_tp8";
+    l.description =
+        "vLLM block-first, one TP-8 rank of Llama-3-70B: 80 layers x K,V, "
+        "1 KV head x 128, bf16, 16-token pages (160 x 4 KiB), a page one "
+        "contiguous 640 KiB run";
+    l.placement = GpuPlacement::kBlockFirst;
+    l.tokens_per_page = 16;
+    l.banks = {kv_bank(4 * kKiB, 80)};
     l.chunk_bytes = 4 * kKiB;
     out.push_back(l);
   }

@@ -523,5 +523,23 @@ kvt_status kvt_snapshot_restore(kvt_transfer* t, uint32_t slot, uint32_t row,
   return Set(t->engine->RestoreSnapshot(slot, row, stream));
 }
 
+kvt_status kvt_snapshot_save_groups(kvt_transfer* t, const uint32_t* slots,
+                                    uint32_t num_slots, uint32_t row,
+                                    void* stream) {
+  KVT_REQUIRE(t != nullptr, "transfer: NULL");
+  KVT_REQUIRE(slots != nullptr || num_slots == 0, "slots: NULL");
+  return Set(t->engine->SaveSnapshots(absl::MakeConstSpan(slots, num_slots),
+                                      row, stream));
+}
+
+kvt_status kvt_snapshot_restore_groups(kvt_transfer* t, const uint32_t* slots,
+                                       uint32_t num_slots, uint32_t row,
+                                       void* stream) {
+  KVT_REQUIRE(t != nullptr, "transfer: NULL");
+  KVT_REQUIRE(slots != nullptr || num_slots == 0, "slots: NULL");
+  return Set(t->engine->RestoreSnapshots(absl::MakeConstSpan(slots, num_slots),
+                                         row, stream));
+}
+
 }  // extern "C"
 #pragma GCC visibility pop

@@ -379,14 +379,14 @@ absl::Status TransferEngine::Rehydrate(absl::Span<const uint32_t> gpu_pages,
   return CopyPages(CopyDirection::kFromHost, gpu_pages, rows, stream);
 }
 
-absl::Status TransferEngine::SaveSnapshot(uint32_t slot, uint32_t row,
-                                          void* stream) {
-  return CopySnapshot(CopyDirection::kToHost, slot, row, stream);
+absl::Status TransferEngine::SaveSnapshots(absl::Span<const uint32_t> slots,
+                                           uint32_t row, void* stream) {
+  return CopySnapshot(CopyDirection::kToHost, slots, row, stream);
 }
 
-absl::Status TransferEngine::RestoreSnapshot(uint32_t slot, uint32_t row,
-                                             void* stream) {
-  return CopySnapshot(CopyDirection::kFromHost, slot, row, stream);
+absl::Status TransferEngine::RestoreSnapshots(absl::Span<const uint32_t> slots,
+                                              uint32_t row, void* stream) {
+  return CopySnapshot(CopyDirection::kFromHost, slots, row, stream);
 }
 
 absl::Status TransferEngine::CopyPages(CopyDirection direction,
@@ -423,19 +423,19 @@ absl::Status TransferEngine::CopyPages(CopyDirection direction,
 }
 
 absl::Status TransferEngine::CopySnapshot(CopyDirection direction,
-                                          uint32_t slot, uint32_t row,
-                                          void* stream) {
-  if (absl::Status s = plan_.CheckSnapshot(slot, row); !s.ok()) return s;
+                                          absl::Span<const uint32_t> slots,
+                                          uint32_t row, void* stream) {
+  if (absl::Status s = plan_.CheckSnapshot(slots, row); !s.ok()) return s;
 #if KVTIER_HAVE_CUDA
   if ((path_ == TransferPath::kStaged || path_ == TransferPath::kCopyEngine) &&
       !Capturing(stream)) {
     return OnDevice(plan_.pool().device, [&] {
-      return StagedSnapshot(direction, slot, row, stream);
+      return StagedSnapshot(direction, slots, row, stream);
     });
   }
 #endif
   PageCopyParams params;
-  plan_.FillSnapshot(direction, slot, row, &params);
+  plan_.FillSnapshot(direction, slots, row, &params);
   return Run(params, stream);
 }
 
@@ -587,20 +587,20 @@ absl::Status TransferEngine::CopyEnginePages(
 }
 
 absl::Status TransferEngine::StagedSnapshot(CopyDirection direction,
-                                            uint32_t slot, uint32_t row,
-                                            void* stream) {
+                                            absl::Span<const uint32_t> slots,
+                                            uint32_t row, void* stream) {
 #if KVTIER_HAVE_CUDA
   Lane& lane = staging_->lanes[direction == CopyDirection::kToHost ? 0 : 1];
   absl::MutexLock lock(&lane.mu);
   lane.copies.clear();
-  plan_.SnapshotCopies(slot, row, &lane.copies);
+  plan_.SnapshotCopies(slots, row, &lane.copies);
   absl::Status status =
       ForkCopiesJoin(&lane, direction, static_cast<cudaStream_t>(stream));
   if (status.ok()) slices_launched_.fetch_add(1, std::memory_order_relaxed);
   return status;
 #else
   (void)direction;
-  (void)slot;
+  (void)slots;
   (void)row;
   (void)stream;
   return absl::FailedPreconditionError("built without CUDA");

@@ -123,11 +123,28 @@ class TransferEngine {
 
   // Copies snapshot slot `slot` into snapshot row `row`, enqueued on
   // `stream`. FAILED_PRECONDITION if the pool has no snapshot segments;
-  // INVALID_ARGUMENT if slot or row is out of range.
-  absl::Status SaveSnapshot(uint32_t slot, uint32_t row, void* stream);
+  // INVALID_ARGUMENT if slot or row is out of range, or if a snapshot row
+  // holds several groups' slots (SaveSnapshots).
+  absl::Status SaveSnapshot(uint32_t slot, uint32_t row, void* stream) {
+    return SaveSnapshots({slot}, row, stream);
+  }
 
   // Copies snapshot row `row` into snapshot slot `slot`; as SaveSnapshot.
-  absl::Status RestoreSnapshot(uint32_t slot, uint32_t row, void* stream);
+  absl::Status RestoreSnapshot(uint32_t slot, uint32_t row, void* stream) {
+    return RestoreSnapshots({slot}, row, stream);
+  }
+
+  // Copies slots[g] into group g's part of snapshot row `row`, for each of
+  // the plan's snapshot_groups() (vLLM's several Mamba groups: one state
+  // block each at a page boundary), as one copy on `stream`. Errors as
+  // TransferPlan::CheckSnapshot.
+  absl::Status SaveSnapshots(absl::Span<const uint32_t> slots, uint32_t row,
+                             void* stream);
+
+  // Copies group g's part of snapshot row `row` into slots[g]; as
+  // SaveSnapshots.
+  absl::Status RestoreSnapshots(absl::Span<const uint32_t> slots, uint32_t row,
+                                void* stream);
 
   // Slices run so far: one per slice of a page transfer (a direct kernel
   // launch, or a staged gather / scatter with its copies; the reference
@@ -157,8 +174,9 @@ class TransferEngine {
   absl::Status CopyPages(kernels::CopyDirection direction,
                          absl::Span<const uint32_t> gpu_pages,
                          absl::Span<const uint32_t> rows, void* stream);
-  absl::Status CopySnapshot(kernels::CopyDirection direction, uint32_t slot,
-                            uint32_t row, void* stream);
+  absl::Status CopySnapshot(kernels::CopyDirection direction,
+                            absl::Span<const uint32_t> slots, uint32_t row,
+                            void* stream);
   // Runs one parameter block on the backend.
   absl::Status Run(const kernels::PageCopyParams& params, void* stream);
   // The staged path; called on the pool's device.
@@ -169,8 +187,9 @@ class TransferEngine {
   absl::Status CopyEnginePages(kernels::CopyDirection direction,
                                absl::Span<const uint32_t> gpu_pages,
                                absl::Span<const uint32_t> rows, void* stream);
-  absl::Status StagedSnapshot(kernels::CopyDirection direction, uint32_t slot,
-                              uint32_t row, void* stream);
+  absl::Status StagedSnapshot(kernels::CopyDirection direction,
+                              absl::Span<const uint32_t> slots, uint32_t row,
+                              void* stream);
   // True if `stream` is capturing a graph (or the query failed, in which
   // case the direct path is the safe one).
   bool Capturing(void* stream) const;

@@ -296,7 +296,7 @@ TEST(TransferEngineStagedPlan, SnapshotCopiesMergeDeviceContiguousSegments) {
                                    HostBankView{bank.addr(), 3, 1508, 1520});
   ASSERT_TRUE(plan.ok()) << plan.status();
   std::vector<EngineCopy> copies;
-  plan->SnapshotCopies(2, 1, &copies);
+  plan->SnapshotCopies({2}, 1, &copies);
   ASSERT_EQ(copies.size(), 2u);
   EXPECT_EQ(copies[0].device, block.addr() + 2 * 1024);
   EXPECT_EQ(copies[0].host, bank.addr() + 1520);

@@ -253,6 +253,104 @@ TEST(TransferEngine, SnapshotSaveAndRestore) {
             slot3_before);
 }
 
+// A snapshot row of three groups (vLLM's several Mamba groups, one state
+// block each at a page boundary): slots[g] <-> bytes [g * S, (g + 1) * S)
+// of the row, S the segments' bytes; one slot alone is refused.
+TEST(TransferEngine, SnapshotGroupsShareOneRow) {
+  HostSetup s(OddLayout(), 4, 4);
+  const std::vector<TensorSpec> segs = {{4096, 4096}, {1024, 1024}};
+  std::vector<std::unique_ptr<Buffer>> seg;
+  uint64_t group_bytes = 0;
+  std::mt19937_64 rng(9);
+  for (const TensorSpec& t : segs) {
+    seg.push_back(std::make_unique<Buffer>(t.stride * 8));
+    for (size_t i = 0; i < seg.back()->size(); ++i) {
+      seg.back()->data()[i] = static_cast<uint8_t>(rng());
+    }
+    s.pool.snapshot.push_back(
+        PoolTensor{seg.back()->addr(), t.stride, t.bytes});
+    group_bytes += t.bytes;
+  }
+  s.pool.num_snapshot_slots = 8;
+  const uint64_t row_bytes = 3 * group_bytes;
+  Buffer bank(row_bytes * 4);
+  auto engine = TransferEngine::Create(
+      Backend::kReference, s.pool, s.views,
+      HostBankView{bank.addr(), 4, row_bytes, row_bytes});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  const std::vector<uint32_t> saved = {5, 1, 6};
+  ASSERT_TRUE((*engine)->SaveSnapshots(saved, 2, nullptr).ok());
+  uint64_t off = 2 * row_bytes;
+  for (uint32_t slot : saved) {
+    for (size_t k = 0; k < segs.size(); ++k) {
+      ASSERT_EQ(
+          0, std::memcmp(bank.data() + off,
+                         seg[k]->data() + slot * segs[k].stride, segs[k].bytes))
+          << "slot " << slot << " segment " << k;
+      off += segs[k].bytes;
+    }
+  }
+  const std::vector<uint32_t> restored = {0, 2, 3};
+  ASSERT_TRUE((*engine)->RestoreSnapshots(restored, 2, nullptr).ok());
+  for (size_t g = 0; g < 3; ++g) {
+    for (size_t k = 0; k < segs.size(); ++k) {
+      ASSERT_EQ(0, std::memcmp(seg[k]->data() + restored[g] * segs[k].stride,
+                               seg[k]->data() + saved[g] * segs[k].stride,
+                               segs[k].bytes))
+          << "group " << g << " segment " << k;
+    }
+  }
+  absl::Status st = (*engine)->SaveSnapshot(1, 0, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("3 group(s)"), std::string::npos) << st;
+  st = (*engine)->RestoreSnapshots({0, 1, 8}, 0, nullptr);
+  EXPECT_NE(st.message().find("slot 8 (group 2)"), std::string::npos) << st;
+
+  // Not a whole number of groups, or rows with padding between them.
+  auto bad = TransferEngine::Create(
+      Backend::kReference, s.pool, s.views,
+      HostBankView{bank.addr(), 2, row_bytes + 16, row_bytes + 16});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  bad = TransferEngine::Create(
+      Backend::kReference, s.pool, s.views,
+      HostBankView{bank.addr(), 2, row_bytes, row_bytes + 16});
+  EXPECT_NE(bad.status().message().find("back to back"), std::string::npos)
+      << bad.status();
+}
+
+// Page rows of two groups (vLLM's sliding-window group beside full
+// attention: one block of each per page): the plan addresses group g of
+// row r as row r * 2 + g, so one Evict fills both halves of a row from two
+// pool pages and one Rehydrate brings them back.
+TEST(TransferEngine, PageGroupsShareOneRow) {
+  HostSetup s({{"kv", {{256, 256}, {96, 112}}}}, 16, 8);
+  s.FillPoolRandom(11);
+  const uint64_t part = s.row_bytes[0];  // 352: one pool page
+  Buffer bank(2 * part * 8);
+  std::vector<NamedHostBank> views = {
+      {"kv", HostBankView{bank.addr(), 8, 2 * part, 2 * part}}};
+  auto engine =
+      TransferEngine::Create(Backend::kReference, s.pool, views, std::nullopt);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ((*engine)->plan().page_groups(), 2u);
+  // Row 3: pool pages 5 (group 0) and 9 (group 1); row 6: 2 and 7.
+  const std::vector<uint32_t> pages = {5, 9, 2, 7}, rows = {6, 7, 12, 13};
+  ASSERT_TRUE((*engine)->Evict(pages, rows, nullptr).ok());
+  for (size_t i = 0; i < pages.size(); ++i) {
+    const uint8_t* at = bank.data() + rows[i] * part;
+    ASSERT_EQ(0, std::memcmp(at, s.Page(0, pages[i]), 256)) << i;
+    ASSERT_EQ(0, std::memcmp(at + 256, s.Page(1, pages[i]), 96)) << i;
+  }
+  const std::vector<uint32_t> back = {0, 1, 3, 4};
+  ASSERT_TRUE((*engine)->Rehydrate(back, rows, nullptr).ok());
+  for (size_t i = 0; i < back.size(); ++i) {
+    ASSERT_EQ(0, std::memcmp(s.Page(0, back[i]), s.Page(0, pages[i]), 256));
+    ASSERT_EQ(0, std::memcmp(s.Page(1, back[i]), s.Page(1, pages[i]), 96));
+  }
+  absl::Status st = (*engine)->Evict({0}, {16}, nullptr);  // 8 rows x 2
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+}
+
 TEST(TransferEngine, SnapshotWithoutSegmentsIsAPreconditionFailure) {
   HostSetup s(OddLayout(), 4, 4);
   auto engine = TransferEngine::Create(Backend::kReference, s.pool, s.views,

@@ -20,6 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "client/pool.h"
+#include "client/transfer_plan_groups.h"
 #include "kernels/page_copy.h"
 
 namespace kvtier::client {
@@ -286,6 +287,7 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
         absl::StrCat("the descriptor lists ", num_tensors, " tensors; at most ",
                      kMaxPoolTensors, " are supported"));
   }
+  std::vector<GroupedBank> page_groups;  // of each page bank
   for (size_t i = 0; i < page_banks.size(); ++i) {
     const BankPool& b = pool.banks[i];
     const std::string what = absl::StrCat("banks[", i, "]");
@@ -320,13 +322,19 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
       }
       sum += b.tensors[j].bytes_per_page;
     }
-    if (sum != view.row_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, " ('", b.bank, "'): the tensors' bytes_per_page add up to ",
-          sum, " bytes, the bank's row_bytes is ", view.row_bytes));
+    absl::StatusOr<GroupedBank> grouped = GroupRows(
+        absl::StrCat(what, " ('", b.bank, "')"), view, sum, kMaxPageGroups);
+    if (!grouped.ok()) return grouped.status();
+    if (i > 0 && grouped->groups != page_groups.front().groups) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " ('", b.bank, "') holds ", grouped->groups,
+                       " page group(s) a row; page bank 0 holds ",
+                       page_groups.front().groups));
     }
+    page_groups.push_back(*std::move(grouped));
   }
 
+  GroupedBank snapshot_groups;  // of the snapshot bank, when there is one
   if (pool.snapshot.empty()) {
     if (pool.num_snapshot_slots != 0) {
       return absl::InvalidArgumentError(
@@ -369,12 +377,10 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
       tensors.back().snapshot = true;
       sum += pool.snapshot[k].bytes_per_page;
     }
-    if (sum != snapshot_bank->row_bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("snapshot: the segments' bytes_per_page add up to ", sum,
-                       " bytes, the snapshot bank's row_bytes is ",
-                       snapshot_bank->row_bytes));
-    }
+    absl::StatusOr<GroupedBank> grouped =
+        GroupRows("snapshot", *snapshot_bank, sum, kMaxSnapshotGroups);
+    if (!grouped.ok()) return grouped.status();
+    snapshot_groups = *grouped;
   }
 
   // Pairwise overlap: at most ~1.5k extents, once per attach. Snapshot slots
@@ -408,24 +414,30 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
     }
   }
 
+  // The page banks as the plan addresses them: with page groups, each row's
+  // groups are rows of their own (GroupRows).
+  std::vector<NamedHostBank> banks;
+  for (size_t i = 0; i < page_banks.size(); ++i) {
+    banks.emplace_back(page_banks[i].first, page_groups[i].view);
+  }
   TransferPlan plan;
   plan.pool_ = pool;
-  plan.page_banks_.assign(page_banks.begin(), page_banks.end());
+  plan.page_banks_ = banks;
   plan.snapshot_bank_ = snapshot_bank;
-  plan.rows_ = page_banks[0].second.rows;
+  plan.rows_ = banks[0].second.rows;
+  plan.page_groups_ = page_groups.front().groups;
   plan.max_ctas_ = options.max_ctas;
   plan.options_ = options;
   for (size_t i = 0; i < pool.banks.size(); ++i) {
-    AppendSegments(pool.banks[i].tensors, page_banks[i].second,
-                   &plan.page_segments_, &plan.page_chunks_);
+    AppendSegments(pool.banks[i].tensors, banks[i].second, &plan.page_segments_,
+                   &plan.page_chunks_);
   }
 
   // Staging: one region per bank, rows at the bank's own row stride, so a
   // tensor sits at the same offset (and alignment) in a staged row as in a
   // host row.
   StagingLayout& st = plan.staging_;
-  for (const NamedHostBank& b : page_banks)
-    st.page_bytes += b.second.row_stride;
+  for (const NamedHostBank& b : banks) st.page_bytes += b.second.row_stride;
   const uint64_t fit = options.staging_bytes / st.page_bytes;
   st.slice_pages = static_cast<uint32_t>(
       std::min<uint64_t>({fit, kMaxSlicePages, pool.num_pages}));
@@ -440,15 +452,15 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
   } else {
     st.buffer_bytes = st.slice_pages * st.page_bytes;
     uint64_t region = 0;
-    for (size_t i = 0; i < page_banks.size(); ++i) {
+    for (size_t i = 0; i < banks.size(); ++i) {
       st.region.push_back(region);
       const HostBankView staged{region, st.slice_pages,
-                                page_banks[i].second.row_bytes,
-                                page_banks[i].second.row_stride};
+                                banks[i].second.row_bytes,
+                                banks[i].second.row_stride};
       uint32_t chunks = 0;
       AppendSegments(pool.banks[i].tensors, staged, &plan.staged_segments_,
                      &chunks);
-      region += st.slice_pages * page_banks[i].second.row_stride;
+      region += st.slice_pages * banks[i].second.row_stride;
     }
     // chunk_begin continues across banks, as in page_segments_.
     for (size_t k = 0; k < plan.staged_segments_.size(); ++k) {
@@ -473,8 +485,9 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
                      : TransferPath::kStaged;
   }
   if (snapshot_bank) {
-    AppendSegments(pool.snapshot, *snapshot_bank, &plan.snapshot_segments_,
-                   &plan.snapshot_chunks_);
+    AppendSegments(pool.snapshot, snapshot_groups.view,
+                   &plan.snapshot_segments_, &plan.snapshot_chunks_);
+    plan.snapshot_groups_ = snapshot_groups.groups;
   }
   return plan;
 }
@@ -505,24 +518,6 @@ absl::Status TransferPlan::CheckPages(CopyDirection direction,
   return CheckDistinct("gpu_pages", gpu_pages);
 }
 
-absl::Status TransferPlan::CheckSnapshot(uint32_t slot, uint32_t row) const {
-  if (!has_snapshot()) {
-    return absl::FailedPreconditionError(
-        "the pool descriptor has no snapshot segments");
-  }
-  if (slot >= pool_.num_snapshot_slots) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("slot ", slot, " is out of range: the pool has ",
-                     pool_.num_snapshot_slots, " snapshot slots"));
-  }
-  if (row >= snapshot_bank_->rows) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("row ", row, " is out of range: the snapshot bank has ",
-                     snapshot_bank_->rows, " rows"));
-  }
-  return absl::OkStatus();
-}
-
 void TransferPlan::FillPageSlice(CopyDirection direction,
                                  absl::Span<const uint32_t> gpu_pages,
                                  absl::Span<const uint32_t> rows, size_t slice,
@@ -535,12 +530,16 @@ void TransferPlan::FillPageSlice(CopyDirection direction,
   std::copy_n(rows.begin() + begin, n, params->host_index);
 }
 
-void TransferPlan::FillSnapshot(CopyDirection direction, uint32_t slot,
-                                uint32_t row, PageCopyParams* params) const {
-  FillHeader(direction, 1, snapshot_segments_, snapshot_chunks_, max_ctas_,
+void TransferPlan::FillSnapshot(CopyDirection direction,
+                                absl::Span<const uint32_t> slots, uint32_t row,
+                                PageCopyParams* params) const {
+  const uint32_t groups = snapshot_groups_;
+  FillHeader(direction, groups, snapshot_segments_, snapshot_chunks_, max_ctas_,
              params);
-  params->gpu_index[0] = slot;
-  params->host_index[0] = row;
+  for (uint32_t g = 0; g < groups; ++g) {
+    params->gpu_index[g] = slots[g];
+    params->host_index[g] = row * groups + g;  // < rows * groups: in range
+  }
 }
 
 std::vector<uint32_t> TransferPlan::StagedSlices(CopyDirection direction,

@@ -47,6 +47,10 @@ namespace kvtier::client {
 // Most pages one kernel launch copies. A transfer of N pages takes
 // ceil(N / kMaxSlicePages) launches.
 inline constexpr uint32_t kMaxSlicePages = 128;
+// The most slots one snapshot row holds (TransferPlan::snapshot_groups).
+inline constexpr uint32_t kMaxSnapshotGroups = 64;
+// The most pool pages one page row holds (TransferPlan::page_groups).
+inline constexpr uint32_t kMaxPageGroups = 64;
 static_assert(kMaxSlicePages == kernels::kMaxCopyItems);
 static_assert(kMaxPoolTensors == kernels::kMaxCopySegments);
 
@@ -215,12 +219,17 @@ class TransferPlan {
   //   with the same page_stride may interleave (K and V of one page side by
   //   side) as long as their bytes do not overlap; otherwise two tensors'
   //   address ranges must be disjoint;
-  // - a bank's tensors do not add up to its row_bytes;
+  // - a bank's tensors add up to neither its row_bytes nor a divisor of it
+  //   (a row of page groups: see page_groups()), the banks hold different
+  //   numbers of groups, or a row of several groups has padding;
   // - a host bank's base is null or not 16-aligned, its row_stride is not a
   //   multiple of 16 or is below row_bytes, it has no rows, or the page banks
   //   differ in row count;
   // - snapshot segments without slots or without a snapshot bank, or a
-  //   snapshot bank or slots without segments;
+  //   snapshot bank or slots without segments; snapshot segments whose
+  //   bytes_per_page do not add up to the snapshot bank's row_bytes or to a
+  //   divisor of it (a row of snapshot groups: see snapshot_groups()), or
+  //   a row of several groups whose row_stride is not its row_bytes;
   // - options.max_ctas, staging_ctas, staging_bytes or path is out of
   //   range, or path is kStaged and one page (the page banks' row strides
   //   together) does not fit staging_bytes.
@@ -248,10 +257,26 @@ class TransferPlan {
                           absl::Span<const uint32_t> gpu_pages,
                           absl::Span<const uint32_t> rows) const;
 
-  // Returns OK if the plan has a snapshot, slot < num_snapshot_slots and
-  // row < the snapshot bank's rows; FAILED_PRECONDITION if the descriptor has
-  // no snapshot; INVALID_ARGUMENT otherwise.
-  absl::Status CheckSnapshot(uint32_t slot, uint32_t row) const;
+  // Returns OK if the plan has a snapshot, slots.size() ==
+  // snapshot_groups(), every slot < num_snapshot_slots and row < the
+  // snapshot bank's rows; FAILED_PRECONDITION if the descriptor has no
+  // snapshot; INVALID_ARGUMENT otherwise.
+  absl::Status CheckSnapshot(absl::Span<const uint32_t> slots,
+                             uint32_t row) const;
+
+  // How many slots a snapshot row holds, one after the other: the
+  // snapshot bank's row_bytes over the snapshot segments' bytes (1 when
+  // they are equal). vLLM's hybrid models with several Mamba groups keep
+  // one state block per group at a page boundary; group g's slot goes to
+  // bytes [g * S, (g + 1) * S) of the row, S the segments' bytes.
+  uint32_t snapshot_groups() const { return snapshot_groups_; }
+
+  // How many pool pages a page row holds, one after the other in every page
+  // bank (vLLM's sliding-window groups beside full attention: one block of
+  // each group per page). With K > 1 the plan addresses group g of row r as
+  // row r * K + g: CheckPages, Evict and Rehydrate take those indices, and
+  // rows() counts them.
+  uint32_t page_groups() const { return page_groups_; }
 
   // Number of launches a transfer of `num_pages` pages takes.
   static size_t NumSlices(size_t num_pages) {
@@ -267,10 +292,11 @@ class TransferPlan {
                      absl::Span<const uint32_t> rows, size_t slice,
                      kernels::PageCopyParams* params) const;
 
-  // Fills `*params` with the copy between snapshot slot `slot` and snapshot
-  // row `row`. REQUIRES: CheckSnapshot(slot, row).ok().
-  void FillSnapshot(kernels::CopyDirection direction, uint32_t slot,
-                    uint32_t row, kernels::PageCopyParams* params) const;
+  // Fills `*params` with the copy between snapshot slots `slots` (one per
+  // group) and snapshot row `row`. REQUIRES: CheckSnapshot(slots, row).ok().
+  void FillSnapshot(kernels::CopyDirection direction,
+                    absl::Span<const uint32_t> slots, uint32_t row,
+                    kernels::PageCopyParams* params) const;
 
   // Sizes of the staged slices of a transfer of `num_pages` pages, in
   // transfer order; they add up to num_pages, each <= staging().slice_pages.
@@ -331,11 +357,11 @@ class TransferPlan {
     return num_pages * options_.copy_engine_share / 100;
   }
 
-  // Appends to `*copies` the copy-engine copies between snapshot slot `slot`
-  // and snapshot row `row`: one per segment, adjacent segments that are
-  // contiguous on the device as well merged. REQUIRES:
-  // CheckSnapshot(slot, row).ok().
-  void SnapshotCopies(uint32_t slot, uint32_t row,
+  // Appends to `*copies` the copy-engine copies between snapshot slots
+  // `slots` and snapshot row `row`: one per segment and group, adjacent
+  // segments that are contiguous on the device as well merged. REQUIRES:
+  // CheckSnapshot(slots, row).ok().
+  void SnapshotCopies(absl::Span<const uint32_t> slots, uint32_t row,
                       std::vector<EngineCopy>* copies) const;
 
   const GpuPoolDescriptor& pool() const { return pool_; }
@@ -365,8 +391,12 @@ class TransferPlan {
   // page_segments_ with host_base relative to a staging buffer's start and
   // host_stride the bank's row stride (empty without staging).
   std::vector<kernels::PageCopySegment> staged_segments_;
+  // Snapshot segments against a view of the snapshot bank whose rows are
+  // the groups' parts (row r's group g is sub-row r * groups + g).
   std::vector<kernels::PageCopySegment> snapshot_segments_;
   uint32_t snapshot_chunks_ = 0;
+  uint32_t snapshot_groups_ = 1;
+  uint32_t page_groups_ = 1;
   // PageCopies2D's runs of page_segments_: the first segment, how many, and
   // the device pitch between them.
   struct Strided {

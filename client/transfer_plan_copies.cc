@@ -101,21 +101,25 @@ void TransferPlan::PageCopies2D(absl::Span<const uint32_t> gpu_pages,
   }
 }
 
-void TransferPlan::SnapshotCopies(uint32_t slot, uint32_t row,
+void TransferPlan::SnapshotCopies(absl::Span<const uint32_t> slots,
+                                  uint32_t row,
                                   std::vector<EngineCopy>* copies) const {
-  const size_t first = copies->size();
-  for (const PageCopySegment& s : snapshot_segments_) {
-    const uint64_t device = s.gpu_base + slot * s.gpu_stride;
-    const uint64_t host = s.host_base + row * s.host_stride;
-    if (copies->size() > first) {
-      EngineCopy& last = copies->back();
-      // Host bytes of consecutive segments are always adjacent in the row.
-      if (last.device + last.bytes == device) {
-        last.bytes += s.bytes;
-        continue;
+  for (uint32_t g = 0; g < snapshot_groups_; ++g) {
+    const size_t first = copies->size();
+    const uint64_t sub_row = uint64_t{row} * snapshot_groups_ + g;
+    for (const PageCopySegment& s : snapshot_segments_) {
+      const uint64_t device = s.gpu_base + slots[g] * s.gpu_stride;
+      const uint64_t host = s.host_base + sub_row * s.host_stride;
+      if (copies->size() > first) {
+        EngineCopy& last = copies->back();
+        // Host bytes of consecutive segments are always adjacent in the row.
+        if (last.device + last.bytes == device) {
+          last.bytes += s.bytes;
+          continue;
+        }
       }
+      copies->push_back(EngineCopy{device, host, s.bytes});
     }
-    copies->push_back(EngineCopy{device, host, s.bytes});
   }
 }
 

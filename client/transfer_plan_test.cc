@@ -106,8 +106,8 @@ TEST(TransferPlan, AcceptsValidDescriptorAndBuildsSegments) {
     EXPECT_EQ(p->segments[4 + i].bytes, 100u);
   }
 
-  ASSERT_TRUE(plan->CheckSnapshot(3, 2).ok());
-  plan->FillSnapshot(CopyDirection::kFromHost, 3, 2, p.get());
+  ASSERT_TRUE(plan->CheckSnapshot({3}, 2).ok());
+  plan->FillSnapshot(CopyDirection::kFromHost, {3}, 2, p.get());
   EXPECT_TRUE(kernels::CheckPageCopyParams(*p).ok());
   EXPECT_EQ(p->header.num_items, 1u);
   EXPECT_EQ(p->header.num_segments, 2u);
@@ -404,7 +404,7 @@ TEST(TransferPlan, AcceptsSnapshotSegmentsOverlayingPages) {
   absl::StatusOr<TransferPlan> plan = s.Create();
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_TRUE(plan->has_snapshot());
-  EXPECT_TRUE(plan->CheckSnapshot(1, 2).ok());
+  EXPECT_TRUE(plan->CheckSnapshot({1}, 2).ok());
 }
 
 TEST(TransferPlan, RejectsBadCalls) {
@@ -435,15 +435,15 @@ TEST(TransferPlan, RejectsBadCalls) {
       plan->CheckPages(CopyDirection::kFromHost, {{0, 1}}, {{2, 2}}).ok());
   EXPECT_TRUE(plan->CheckPages(CopyDirection::kToHost, {}, {}).ok());
 
-  EXPECT_EQ(plan->CheckSnapshot(0, 0).code(),
+  EXPECT_EQ(plan->CheckSnapshot({0}, 0).code(),
             absl::StatusCode::kFailedPrecondition);
   s.AddSnapshot();
   plan = s.Create();
   ASSERT_TRUE(plan.ok());
-  absl::Status st = plan->CheckSnapshot(4, 0);
+  absl::Status st = plan->CheckSnapshot({4}, 0);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("slot 4 is out of range"), std::string::npos);
-  st = plan->CheckSnapshot(0, 3);
+  st = plan->CheckSnapshot({0}, 3);
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("row 3 is out of range"), std::string::npos);
 }

@@ -251,6 +251,17 @@ kvt_status kvt_snapshot_save(kvt_transfer* t, uint32_t slot, uint32_t row,
                              void* stream);
 kvt_status kvt_snapshot_restore(kvt_transfer* t, uint32_t slot, uint32_t row,
                                 void* stream);
+/* A snapshot row of several groups (the namespace's snapshot_row_bytes a
+ * multiple of the pool's snapshot tensors' bytes, e.g. vLLM's hybrid models
+ * with several Mamba groups): slots[g] goes to (comes from) group g's part
+ * of `row`, num_slots the number of groups, as one copy on `stream`.
+ * kvt_snapshot_save / _restore are these with one slot. */
+kvt_status kvt_snapshot_save_groups(kvt_transfer* t, const uint32_t* slots,
+                                    uint32_t num_slots, uint32_t row,
+                                    void* stream);
+kvt_status kvt_snapshot_restore_groups(kvt_transfer* t, const uint32_t* slots,
+                                       uint32_t num_slots, uint32_t row,
+                                       void* stream);
 
 /* ------------------------------------------------------ device pools --
  * The daemon's device pools (kvtierd --device_pool_bytes: daemon-owned GPU

@@ -110,6 +110,17 @@ class Transfer {
   Status RestoreSnapshot(uint32_t slot, uint32_t row, void* stream) {
     return Status::FromC(kvt_snapshot_restore(h_.get(), slot, row, stream));
   }
+  // A snapshot row of several groups: slots[g] <-> group g's part of `row`.
+  Status SaveSnapshots(const uint32_t* slots, uint32_t num_slots, uint32_t row,
+                       void* stream) {
+    return Status::FromC(
+        kvt_snapshot_save_groups(h_.get(), slots, num_slots, row, stream));
+  }
+  Status RestoreSnapshots(const uint32_t* slots, uint32_t num_slots,
+                          uint32_t row, void* stream) {
+    return Status::FromC(
+        kvt_snapshot_restore_groups(h_.get(), slots, num_slots, row, stream));
+  }
 
  private:
   friend class Namespace;

@@ -227,6 +227,10 @@ _SIGNATURES = {
     "kvt_rehydrate": (_status, [c_void_p, _u32p, _u32p, c_size_t, c_void_p]),
     "kvt_snapshot_save": (_status, [c_void_p, c_uint32, c_uint32, c_void_p]),
     "kvt_snapshot_restore": (_status, [c_void_p, c_uint32, c_uint32, c_void_p]),
+    "kvt_snapshot_save_groups": (_status, [c_void_p, _u32p, c_uint32, c_uint32,
+                                           c_void_p]),
+    "kvt_snapshot_restore_groups": (_status, [c_void_p, _u32p, c_uint32, c_uint32,
+                                              c_void_p]),
     # Device pools and device snapshots (c_api_device_pool.cc).
     "kvt_num_device_pools": (c_uint32, [c_void_p]),
     "kvt_device_pools_valid": (c_int32, [c_void_p]),

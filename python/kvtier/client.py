@@ -608,6 +608,21 @@ class Transfer(_Handle):
                                                self._stream(stream)),
               "kvt_snapshot_restore")
 
+    def save_snapshots(self, slots: Sequence[int], row: int, stream=None) -> None:
+        """A snapshot row of several groups (vLLM's Mamba groups): copies
+        slots[g] into group g's part of row `row`, one copy on the stream."""
+        slots = list(slots)
+        check(_lib.load().kvt_snapshot_save_groups(
+            self._need(), _lib.u32_array(slots), len(slots), row,
+            self._stream(stream)), "kvt_snapshot_save_groups")
+
+    def restore_snapshots(self, slots: Sequence[int], row: int, stream=None) -> None:
+        """Copies group g's part of snapshot row `row` into slots[g]."""
+        slots = list(slots)
+        check(_lib.load().kvt_snapshot_restore_groups(
+            self._need(), _lib.u32_array(slots), len(slots), row,
+            self._stream(stream)), "kvt_snapshot_restore_groups")
+
     def close(self) -> None:
         if self._ptr is None:
             return

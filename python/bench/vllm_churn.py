@@ -12,9 +12,15 @@ num_cached_tokens. Target: with kvtier <= 1/5 of without, both times.
 
 Every engine is its own process (python/tests_vllm/engine.py), the model a
 random-weight Llama written locally (nothing downloaded), sized so that
-recomputing the conversation takes seconds on a CPU.
+recomputing the conversation takes seconds on a CPU; --arch qwen3_next the
+hybrid shape instead (Qwen3-Next's grouping: 8 layers, a full-attention
+layer every 4th, so 1 attention and 3 Mamba groups, mamba_cache_mode
+"align"); --tp N runs every engine at tensor_parallel_size N (vLLM's
+multiprocessing executor, one OMP thread per rank).
 
     $(BUILD)/venv-vllm/bin/python python/bench/vllm_churn.py --out churn.json
+    $(BUILD)/venv-vllm/bin/python python/bench/vllm_churn.py --tp 2 --out tp2.json
+    $(BUILD)/venv-vllm/bin/python python/bench/vllm_churn.py --arch qwen3_next
 """
 
 import argparse
@@ -32,12 +38,19 @@ sys.path.insert(0, PY_ROOT)
 sys.path.insert(0, TESTS)
 
 import kvtier  # noqa: E402
-from models import make_model  # noqa: E402
+from models import CONFIGS, make_model  # noqa: E402
 
 # ~50M parameters: a 4k-token prefill takes seconds on two cores.
 MODEL = {"hidden_size": 768, "intermediate_size": 2048, "num_attention_heads": 12,
          "num_key_value_heads": 4, "num_hidden_layers": 8, "vocab_size": 8000,
          "max_position_embeddings": 8192}
+# The hybrid shape: Qwen3-Next's grouping at 8 layers (1 attention group, 3
+# Mamba groups), wide enough that a 4k-token prefill takes seconds.
+HYBRID = dict(CONFIGS["qwen3_next_8"], hidden_size=512, intermediate_size=1024,
+              moe_intermediate_size=256, shared_expert_intermediate_size=256,
+              num_attention_heads=8, num_key_value_heads=2, head_dim=64,
+              linear_num_key_heads=4, linear_num_value_heads=8,
+              vocab_size=8000, max_position_embeddings=8192)
 
 
 def run_engine(script: dict, env: dict) -> list[dict]:
@@ -64,24 +77,31 @@ def main():
     ap.add_argument("--aux", type=int, default=6, help="auxiliary requests")
     ap.add_argument("--aux-tokens", type=int, default=1500)
     ap.add_argument("--block-size", type=int, default=128)
+    ap.add_argument("--arch", choices=("llama", "qwen3_next"), default="llama")
+    ap.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
     ap.add_argument("--out")
     args = ap.parse_args()
+    shape = MODEL if args.arch == "llama" else HYBRID
     bs = args.block_size
     # vLLM's own cache: the auxiliary batch alone fills it (so the
     # conversation is evicted), but one request of max_model_len must fit.
     max_model_len = args.context + 16 + args.turn + 128
     blocks = max(-(-max_model_len // bs), (args.aux * args.aux_tokens) // bs)
-    vocab = MODEL["vocab_size"]
+    vocab = shape["vocab_size"]
     conv = [(i * 7919) % (vocab - 10) + 5 for i in range(args.context)]
     reply = [(i * 31) % (vocab - 10) + 5 for i in range(16)]
     turn2 = conv + reply + [(i * 17) % (vocab - 10) + 5 for i in range(args.turn)]
     aux = [[(j * 1009 + i * 13) % (vocab - 10) + 5 for i in range(args.aux_tokens)]
            for j in range(1, args.aux + 1)]
-    model = make_model("llama", **MODEL)
+    model = make_model("llama" if args.arch == "llama" else "qwen3_next_8", **shape)
     env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_CPU_KVCACHE_SPACE="1")
+    if args.tp > 1:  # one OMP thread per rank, ranks on distinct CPUs
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(
+            str(i % (os.cpu_count() or 1)) for i in range(args.tp)))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (PY_ROOT, env.get("PYTHONPATH")) if p)
     results = {"machine": f"{os.cpu_count()} CPUs, vLLM CPU backend",
-               "model": dict(MODEL, arch="llama", weights="random bf16"),
+               "model": dict(shape, arch=args.arch, weights="random bf16"),
+               "tensor_parallel_size": args.tp,
                "context_tokens": args.context, "next_turn_tokens": len(turn2),
                "aux_requests": args.aux, "aux_tokens": args.aux_tokens,
                "vllm_cache_blocks": blocks, "block_size": bs, "modes": {}}
@@ -92,7 +112,8 @@ def main():
 
     with kvtier.Daemon(flags=["--default_namespace_bytes=1073741824"]) as d:
         for mode in ("without_kvtier", "with_kvtier"):
-            base = {"arch": "llama", "model": model,
+            base = {"arch": "llama" if args.arch == "llama" else "qwen3_next_8",
+                    "model": model, "tp": args.tp, "compile": True,
                     "max_model_len": max_model_len,
                     "num_gpu_blocks_override": blocks, "block_size": bs,
                     "max_num_batched_tokens": 8192,

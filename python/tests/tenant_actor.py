@@ -42,7 +42,7 @@ from kvtier.vllm.scheduler import KvtierScheduler  # noqa: E402
 BS = 16  # tokens per block
 PAGE = 2 * BS * 2 * 64 * 2  # K+V, 16 tokens, 2 heads, dim 64, bf16
 BLOCKS = 16
-IDENTITY = NamespaceIdentity("tiny", "", "c0ffee" * 10, "bfloat16", "auto", BS, 1, 0,
+IDENTITY = NamespaceIdentity("tiny", "", "c0ffee" * 10, "bfloat16", "auto", BS, 1, 1,
                              "sha256")
 
 

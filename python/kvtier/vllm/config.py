@@ -71,9 +71,51 @@ UNMAPPED_SALTS = ("skip", "default")
 TENANT_NAME = re.compile(r"[A-Za-z0-9_-]{1,96}")
 
 # Test-only fault injection, read from the environment so that no user
-# configuration can switch it on: "corrupt-load" flips the bytes of the
-# first block of every load after it was copied in.
+# configuration can switch it on (Fault.parse says what each does).
 FAULT_ENV = "KVTIER_VLLM_FAULT"
+
+
+@dataclasses.dataclass(frozen=True)
+class Fault:
+    """A test-only fault ($KVTIER_VLLM_FAULT), in the workers of rank
+    `rank` (None: every rank):
+      corrupt-load[:RANK[:N]]  perturbs the first block of every load (from
+                               the rank's N-th on, 1-based) after it was
+                               copied in (wrong KV must show)
+      refuse-store:RANK:PAGE   the rank refuses every store that reaches
+                               page PAGE, as a refused Reserve would: the
+                               ranks disagree without dying
+      hang-store:RANK:PATH     once PATH.go exists, the rank's next store
+                               reserves and copies, touches PATH and hangs
+                               before its commit (for a SIGKILL mid-store)
+    """
+    kind: str = ""
+    rank: int | None = None
+    page: int = 0  # refuse-store: the page; corrupt-load: the first load
+    path: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> "Fault":
+        if not text:
+            return cls()
+        kind, _, rest = text.partition(":")
+        try:
+            if kind == "corrupt-load":
+                rank, _, nth = rest.partition(":")
+                return cls(kind, int(rank) if rank else None, page=int(nth or 1))
+            if kind == "refuse-store":
+                rank, page = rest.split(":")
+                return cls(kind, int(rank), page=int(page))
+            if kind == "hang-store":
+                rank, path = rest.split(":", 1)
+                if path:
+                    return cls(kind, int(rank), path=path)
+        except ValueError:
+            pass
+        raise ValueError(f"${FAULT_ENV}: {text!r} is not a known fault")
+
+    def on(self, kind: str, rank: int) -> bool:
+        return self.kind == kind and self.rank in (None, rank)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +135,7 @@ class ConnectorConfig:
     # (cache salt, tenant) pairs, sorted by salt; () without a map.
     tenant_namespaces: tuple[tuple[str, str], ...] = ()
     unmapped_salts: str = "skip"
-    fault: str = ""
+    fault: Fault = Fault()
 
     @classmethod
     def parse(cls, extra: dict | None) -> "ConnectorConfig":
@@ -150,9 +192,7 @@ class ConnectorConfig:
         if "unmapped_salts" in extra and not values["tenant_namespaces"]:
             raise ValueError(f"{where}['unmapped_salts']: means nothing without "
                              f"a non-empty 'tenant_namespaces'")
-        fault = os.environ.get(FAULT_ENV, "")
-        if fault not in ("", "corrupt-load"):
-            raise ValueError(f"${FAULT_ENV}: {fault!r} is not a known fault")
+        fault = Fault.parse(os.environ.get(FAULT_ENV, ""))
         return cls(retry_s=float(values.pop("retry_s")), fault=fault, **values)
 
 

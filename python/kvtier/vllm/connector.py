@@ -40,12 +40,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1, KVConnectorMetadata, KVConnectorRole,
     KVConnectorTransferResults, KVConnectorWorkerMetadata, SupportsHMA)
 from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
-from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec
+from vllm.v1.kv_cache_interface import FullAttentionSpec, MambaSpec, SlidingWindowSpec
 
 try:
     from vllm.v1.kv_cache_interface import MLAAttentionSpec
 except ImportError:  # older vLLM
-    MLAAttentionSpec = FullAttentionSpec
+    MLAAttentionSpec = None
 
 try:
     from vllm.v1.metrics.cache_hit_source import CacheHitSource
@@ -53,7 +53,7 @@ except ImportError:  # older vLLM
     CacheHitSource = None
 
 from .config import ConnectorConfig
-from .layout import (CacheDescription, Group, NamespaceIdentity, Placement,
+from .layout import (CacheDescription, Group, NamespaceIdentity, Placement, Ranks,
                      namespace_layout)
 from .scheduler import KvtierScheduler
 from .worker import KvtierWorker, LoadJob, StepReport, StoreJob
@@ -63,7 +63,7 @@ log = logging.getLogger("kvtier.vllm")
 _XXHASH_ALGOS = ("xxhash", "xxhash_cbor")
 # Exactly these (not their subclasses, which evict or place blocks
 # differently: RSWA, attention sinks, hidden-state caches).
-_ATTENTION_SPECS = (FullAttentionSpec, MLAAttentionSpec)
+_ATTENTION_SPECS = tuple(t for t in (FullAttentionSpec, MLAAttentionSpec) if t)
 
 
 @dataclasses.dataclass
@@ -73,17 +73,19 @@ class KvtierMetadata(KVConnectorMetadata):
 
 
 class KvtierWorkerMetadata(KVConnectorWorkerMetadata):
-    """A worker's StepReport, merged over TP ranks."""
+    """The workers' StepReports of a step, one per rank: vLLM merges its
+    workers' metadata with aggregate(); the scheduler counts a load or store
+    done only once every rank reported it (tally.py), so nothing is merged
+    across ranks here."""
 
-    def __init__(self, report: StepReport):
-        self.report = report
+    def __init__(self, reports: dict[int, StepReport]):
+        self.reports = dict(reports)
 
     def aggregate(self, other: "KvtierWorkerMetadata") -> "KvtierWorkerMetadata":
-        a, b = self.report, other.report
-        return KvtierWorkerMetadata(StepReport(
-            loaded=a.loaded | b.loaded, failed_loads=a.failed_loads | b.failed_loads,
-            attached=frozenset(a.attached) & frozenset(b.attached),
-            stored=a.stored + b.stored, failed_stores=a.failed_stores | b.failed_stores))
+        clash = self.reports.keys() & other.reports.keys()
+        if clash:
+            raise ValueError(f"kvtier: two step reports of rank {min(clash)}")
+        return KvtierWorkerMetadata({**self.reports, **other.reports})
 
 
 @dataclasses.dataclass
@@ -110,13 +112,16 @@ def describe_cache(kv_cache_config, dtype: str) -> CacheDescription:
     groups, page_of_layer = [], {}
     for g in kv_cache_config.kv_cache_groups:
         spec = g.kv_cache_spec
+        window = 0
         if isinstance(spec, MambaSpec):
             kind = "mamba"
         elif type(spec) in _ATTENTION_SPECS:
             kind = "attention"
+        elif type(spec) is SlidingWindowSpec:  # not its subclasses
+            kind, window = "sliding", int(spec.sliding_window)
         else:
             kind = "other"
-        groups.append(Group(kind, int(spec.block_size), tuple(g.layer_names)))
+        groups.append(Group(kind, int(spec.block_size), tuple(g.layer_names), window))
         for name in g.layer_names:
             page_of_layer[name] = int(spec.page_size_bytes)
     placements = []
@@ -157,16 +162,57 @@ def _cache_digest(kv_cache_config, cache: CacheDescription) -> str:
 
 def identity_of(vllm_config, cache_digest: str = "") -> NamespaceIdentity:
     mc, cc, pc = vllm_config.model_config, vllm_config.cache_config, vllm_config.parallel_config
-    rank = 0
-    if pc.tensor_parallel_size > 1:
-        from vllm.distributed import get_tensor_model_parallel_rank
-        rank = get_tensor_model_parallel_rank()
     return NamespaceIdentity(
         model=str(mc.model), revision=str(mc.revision or ""),
         config_digest=_config_digest(mc), dtype=str(mc.dtype).replace("torch.", ""),
         kv_cache_dtype=str(cc.cache_dtype), block_size=int(cc.block_size),
-        tp_size=int(pc.tensor_parallel_size), tp_rank=rank,
+        tp_size=int(pc.tensor_parallel_size), pp_size=int(pc.pipeline_parallel_size),
         hash_algo=str(cc.prefix_caching_hash_algo), cache_digest=cache_digest)
+
+
+def ranks_of(vllm_config, kv_cache_config) -> Ranks:
+    """The engine's workers as namespace ranks; MLA latents (the same on
+    every TP rank) are stored once per engine."""
+    pc = vllm_config.parallel_config
+    tp = int(pc.tensor_parallel_size)
+    mla = MLAAttentionSpec is not None and any(
+        type(g.kv_cache_spec) is MLAAttentionSpec for g in kv_cache_config.kv_cache_groups)
+    return Ranks(tp, int(pc.pipeline_parallel_size), replicated=mla and tp > 1)
+
+
+def rank_of_this_worker(ranks: Ranks) -> int:
+    """This worker process's namespace rank (vLLM's process groups)."""
+    if ranks.world == 1:
+        return 0
+    from vllm.distributed.parallel_state import get_pp_group, get_tp_group
+    return ranks.rank(get_tp_group().rank_in_group, get_pp_group().rank_in_group)
+
+
+def _check_pipeline(vllm_config) -> None:
+    """Every PP stage's rows must have one size and structure (a namespace
+    has one layout for all ranks): refuses uneven layer splits."""
+    pc = vllm_config.parallel_config
+    pp = int(pc.pipeline_parallel_size)
+    if pp == 1:
+        return
+    from vllm.distributed.utils import get_pp_indices
+    text = vllm_config.model_config.hf_text_config
+    layers = int(text.num_hidden_layers)
+    spans = [get_pp_indices(layers, r, pp) for r in range(pp)]
+    sizes = [end - start for start, end in spans]
+    types = getattr(text, "layer_types", None)
+    uneven = len(set(sizes)) > 1
+    if not uneven and types and len(types) >= layers:
+        uneven = len({tuple(types[a:b]) for a, b in spans}) > 1
+    if uneven:
+        raise ValueError(
+            f"kvtier: pipeline_parallel_size={pp} splits the model's {layers} "
+            f"layers into stages of {sizes} layers"
+            + (" of different kinds" if len(set(sizes)) == 1 else "")
+            + ": every stage is a rank of one namespace with one row size, so "
+            "the stages must hold alike layers; choose a pipeline_parallel_size "
+            "that divides the layers evenly or set VLLM_PP_LAYER_PARTITION to "
+            "equal parts (docs/vllm.md, \"Parallel engines\")")
 
 
 def instance_of(kv_transfer_config) -> bytes | None:
@@ -189,16 +235,24 @@ def check_engine(vllm_config) -> None:
             f"kvtier: prefix_caching_hash_algo={algo!r} seeds every process's "
             f"block hashes at random unless PYTHONHASHSEED is set, so restarted "
             f"and sibling engines would never share the tier: set PYTHONHASHSEED "
-            f"to the same value for every vLLM process of the node, or use sha256")
-    if pc.tensor_parallel_size > 1 or pc.pipeline_parallel_size > 1:
-        raise ValueError(
-            f"kvtier: tensor_parallel_size={pc.tensor_parallel_size}, "
-            f"pipeline_parallel_size={pc.pipeline_parallel_size}: the connector "
-            f"serves one rank per engine for now (TP/PP > 1 is not supported yet; "
-            f"data parallel replicas share the tier)")
+            f"to the same value for every vLLM process of the node, or use sha256 "
+            f"(docs/vllm.md, \"Configuration\")")
+    _check_pipeline(vllm_config)
     if not cc.enable_prefix_caching:
         raise ValueError("kvtier: needs enable_prefix_caching (vLLM's block "
-                         "hashes are the tier's keys)")
+                         "hashes are the tier's keys; docs/vllm.md, "
+                         "\"Configuration\")")
+
+
+def check_cache(vllm_config, cache: CacheDescription) -> None:
+    """Refuses what the engine's KV cache cannot do with the tier."""
+    if cache.hybrid and vllm_config.speculative_config is not None:
+        raise ValueError(
+            "kvtier: speculative_config with a hybrid model is not supported "
+            "(vLLM writes the recurrent state of draft tokens where the "
+            "connector cannot tell the verified state apart): serve this "
+            "model without speculative decoding (docs/vllm.md, "
+            "\"Configuration\")")
 
 
 def _log_like_vllm() -> None:
@@ -231,18 +285,15 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if dtype == "auto":
             dtype = str(mc.dtype).replace("torch.", "")
         self.cache = describe_cache(kv_cache_config, dtype)
-        if self.cache.hybrid and vllm_config.speculative_config is not None:
-            raise ValueError(
-                "kvtier: speculative decoding with a hybrid model is not supported "
-                "(vLLM writes the recurrent state of draft tokens where the "
-                "connector cannot tell the verified state apart)")
+        check_cache(vllm_config, self.cache)
         self.identity = identity_of(vllm_config, _cache_digest(kv_cache_config, self.cache))
+        self.ranks = ranks_of(vllm_config, kv_cache_config)
         policy = getattr(self._kv_transfer_config, "kv_load_failure_policy", "recompute")
         if policy != "recompute" and role == KVConnectorRole.SCHEDULER:
             log.warning("kvtier: kv_load_failure_policy=%r: a load that fails "
                         "fails its request; 'recompute' makes it a miss", policy)
         hash_bytes = 16 if str(cc.prefix_caching_hash_algo) in _XXHASH_ALGOS else 32
-        self.layout = namespace_layout(self.cache, self.identity, hash_bytes)
+        self.layout = namespace_layout(self.cache, self.identity, hash_bytes, self.ranks)
         self.ns_name = self.config.namespace or self.identity.default_name()
         self._scheduler: KvtierScheduler | None = None
         self._worker: KvtierWorker | None = None
@@ -255,20 +306,27 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         instance = instance_of(self._kv_transfer_config)
         if role == KVConnectorRole.SCHEDULER:
             self._scheduler = KvtierScheduler(self.config, self.ns_name, self.layout,
-                                              self.cache, instance=instance)
+                                              self.cache, instance=instance,
+                                              ranks=self.ranks)
             # A layout a namespace refuses, or an ACL that refuses this
             # engine, is a start-up error. The worker attached (or not)
             # before the scheduler is built.
             self._scheduler.worker_ready = self._scheduler.link.attach_all()
         else:
             self._worker = KvtierWorker(self.config, self.ns_name, self.layout, self.cache,
-                                        instance=instance)
+                                        instance=instance, ranks=self.ranks,
+                                        rank=rank_of_this_worker(self.ranks),
+                                        background=True)
         tenants = len(self.config.tenant_namespaces)
-        log.info("kvtier: %s connector, namespace %r%s, %d-token blocks of %d bytes%s",
+        where = "" if self.ranks.world == 1 else (
+            f", rank {self._worker.rank if self._worker else 0} of "
+            f"TP {self.ranks.tp_size} x PP {self.ranks.pp_size}"
+            + (" (MLA: one copy for every TP rank)" if self.ranks.replicated else ""))
+        log.info("kvtier: %s connector, namespace %r%s, %d-token blocks of %d bytes%s%s",
                  role.name.lower(), self.ns_name,
                  f" and {tenants} tenant cache salts mapped" if tenants else "",
                  self.cache.block_size, self.cache.row_bytes,
-                 ", hybrid" if self.cache.hybrid else "")
+                 ", hybrid" if self.cache.hybrid else "", where)
 
     @classmethod
     def get_required_kvcache_layout(cls, vllm_config) -> str | None:
@@ -341,7 +399,7 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         if not (changed or report.loaded or report.failed_loads or report.stored
                 or report.failed_stores):
             return None
-        return KvtierWorkerMetadata(report)
+        return KvtierWorkerMetadata({report.rank: report})
 
     def get_kv_connector_stats(self):
         part = getattr(self, "_worker", None) or getattr(self, "_scheduler", None)
@@ -405,7 +463,8 @@ class KvtierConnector(KVConnectorBase_V1, SupportsHMA):
         self._scheduler.loads_done(connector_output.finished_recving or ())
         meta = getattr(connector_output, "kv_connector_worker_meta", None)
         if isinstance(meta, KvtierWorkerMetadata):
-            self._scheduler.on_report(meta.report)
+            for rank in sorted(meta.reports):
+                self._scheduler.on_report(meta.reports[rank])
 
     def request_finished(self, request, block_ids):
         if self._scheduler is not None:

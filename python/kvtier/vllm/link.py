@@ -13,12 +13,26 @@ error, raised, never retried. A namespace no --namespace_acl entry governs
 is shared with every engine that reaches the daemon: the scheduler's link
 warns once per namespace when it attaches one.
 
-Thread-safety: one thread at a time (vLLM calls a connector from one thread).
+Background attach (`background=True`, what the connector uses): a
+namespace's attach (connect, Hello, Attach, which may populate banks: up
+to libkvtier's Attach deadline) runs on a thread of the link's own, never
+in the scheduler's or the worker's step; until it completes, namespace()
+returns None (lookups miss, stores are skipped; the halves count both).
+The result is installed, and `on_attach` run, on the caller's thread the
+next time it asks. At start, attach_all(wait_s) waits a bounded time so
+that a refusal (layout, ACL) still stops vLLM at start; a refusal found
+later is logged as an error and the namespace stays off (never retried).
+
+Thread-safety: one thread at a time calls the link (vLLM calls a connector
+from one thread); its attach thread touches only the client (libkvtier's
+Client is thread-safe), under `_lock` where it creates or closes it.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
+import threading
 import time
 from collections.abc import Callable
 
@@ -62,14 +76,21 @@ class TierLink:
         engine's namespace alone.
       warn_open: warn once per namespace that no --namespace_acl entry
         governs (one role of the engine says it).
+      tp_rank: the namespace rank this process attaches as (layout.Ranks:
+        TP x PP workers; the scheduler is rank 0).
+      background: attach on the link's own thread (see the module comment);
+        False: namespace() attaches before it returns.
     """
 
     def __init__(self, config: ConnectorConfig, name: str, layout: Layout,
                  role: str, on_attach: Callable[[Namespace], None] | None = None,
                  clock: Callable[[], float] = time.monotonic,
                  timeout_ms: int | None = None, instance: bytes | None = None,
-                 tenants: TenantMap | None = None, warn_open: bool = False):
+                 tenants: TenantMap | None = None, warn_open: bool = False,
+                 tp_rank: int = 0, background: bool = False):
         self.config = config
+        self.tp_rank = tp_rank
+        self.background = background
         self.instance = instance
         self.name = name
         self.layout = layout
@@ -85,6 +106,14 @@ class TierLink:
         self._next_try: dict[str, float] = {}
         self._warned = False  # the daemon is unreachable, said once
         self._attach_warned: set[str] = set()
+        self._lock = threading.Lock()  # _client's creation and close
+        self._closed = False
+        self._attaches = 0  # namespaces attached through _client
+        self._busy = 0  # attach jobs running on the attach thread
+        self._connecting = threading.Lock()  # one _connect at a time
+        self._inflight: dict[str, concurrent.futures.Future] = {}
+        self._refused: set[str] = set()  # refused after start: off for good
+        self._started = False  # attach_all returned: refusals no longer raise
 
     @property
     def attached(self) -> bool:
@@ -94,17 +123,30 @@ class TierLink:
     def attached_to(self, name: str) -> bool:
         return name in self._ns
 
-    def attach_all(self) -> set[str]:
-        """Attaches every namespace that is due; the names attached. Raises
-        AttachRefused as namespace() does."""
-        return {n for n in self.names if self.namespace(n) is not None}
+    def attach_all(self, wait_s: float = 0.0) -> set[str]:
+        """Attaches every namespace that is due; the names attached. In the
+        background, waits up to `wait_s` for the attaches first. Raises
+        AttachRefused as namespace() does, while starting."""
+        names = {n for n in self.names if self.namespace(n) is not None}
+        if self.background and wait_s > 0 and self._inflight:
+            concurrent.futures.wait(list(self._inflight.values()), timeout=wait_s)
+            names = {n for n in self.names if self.namespace(n) is not None}
+        self._started = True
+        return names
+
+    @property
+    def attaching(self) -> bool:
+        """Whether a background attach is under way."""
+        return any(not f.done() for f in self._inflight.values())
 
     def namespace(self, name: str | None = None) -> Namespace | None:
-        """Namespace `name` (default: the engine's), attaching first if due;
-        None while the daemon cannot be reached or will not attach it yet.
-        Raises LayoutRefused when the daemon rejects the layout, and
-        AttachRefused when its ACL does not allow this engine (never
-        retried: the configuration is wrong)."""
+        """Namespace `name` (default: the engine's), attaching first if due
+        (in the background: starting the attach); None while the daemon
+        cannot be reached or has not attached it yet. Raises LayoutRefused
+        when the daemon rejects the layout, and AttachRefused when its ACL
+        does not allow this engine (never retried: the configuration is
+        wrong); in the background only until attach_all returned, later
+        a refusal is logged and the namespace stays None."""
         name = name or self.name
         ns = self._ns.get(name)
         if ns is not None:
@@ -112,15 +154,70 @@ class TierLink:
         if name not in self.names:
             raise KeyError(f"kvtier: namespace {name!r} is not one of this "
                            f"engine's ({', '.join(self.names)})")
+        if name in self._refused or self._closed:
+            return None
+        if name in self._inflight:
+            return self._harvest(name)
         now = self._clock()
         if now < self._next_try.get(name, 0.0):
             return None
         self._next_try[name] = now + self.config.retry_s
+        if not self.background:
+            ns = self._attach_now(name)
+            return self._install(name, ns) if ns is not None else None
+        # A daemon thread, not an executor's: a daemon that stalls must not
+        # hold the engine's exit for an Attach deadline.
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def run():
+            try:
+                future.set_result(self._attach_job(name))
+            except BaseException as e:  # handed to _harvest
+                future.set_exception(e)
+        self._inflight[name] = future
+        threading.Thread(target=run, name=f"kvtier-attach-{self.role}",
+                         daemon=True).start()
+        return None
+
+    def _attach_job(self, name: str) -> Namespace | None:
+        """_attach_now on the attach thread; the last one out of a closed
+        link closes its client."""
+        with self._lock:
+            self._busy += 1
+        try:
+            return self._attach_now(name)
+        finally:
+            with self._lock:
+                self._busy -= 1
+                if self._closed and self._busy == 0:
+                    self._close_client()
+
+    def _harvest(self, name: str) -> Namespace | None:
+        """The outcome of namespace `name`'s background attach, if it is
+        over: installed, or a refusal raised (starting) or logged."""
+        future = self._inflight[name]
+        if not future.done():
+            return None
+        del self._inflight[name]
+        try:
+            ns = future.result()
+        except AttachRefused as e:
+            if not self._started:
+                raise
+            self._refused.add(name)
+            log.error("%s; the engine serves without this namespace", e)
+            return None
+        return self._install(name, ns) if ns is not None else None
+
+    def _attach_now(self, name: str) -> Namespace | None:
+        """Connects and attaches `name` (on the caller's or the attach
+        thread); None (warned once) when the daemon cannot do it now."""
         client = self._connect()
         if client is None:
             return None
         try:
-            ns = client.attach(name, self.layout, page_rows=self._page_rows(),
+            ns = client.attach(name, self.layout, tp_rank=self.tp_rank,
+                               page_rows=self._page_rows(),
                                snapshot_rows=self.config.snapshot_rows)
         except (InvalidArgumentError, FailedPreconditionError) as e:
             self._drop_idle_client()
@@ -147,6 +244,13 @@ class TierLink:
                             "%.0f s", name, e, self.config.retry_s)
                 self._attach_warned.add(name)
             return None
+        with self._lock:
+            if self._closed:  # closed meanwhile: nothing is installed
+                return None
+            self._attaches += 1
+        return ns
+
+    def _install(self, name: str, ns: Namespace) -> Namespace:
         self._ns[name] = ns
         if self._warned or name in self._attach_warned:
             log.warning("kvtier: daemon reachable again, namespace %r attached",
@@ -165,12 +269,16 @@ class TierLink:
     def _connect(self) -> Client | None:
         """The link's client, connecting first; None (warned once per
         outage) while the daemon cannot be reached."""
+        with self._connecting:
+            return self._connect_locked()
+
+    def _connect_locked(self) -> Client | None:
         if self._client is not None:
             return self._client
         try:
-            self._client = Client(socket=self.config.socket,
-                                  name=f"{self.config.client_name}-{self.role}",
-                                  timeout_ms=self.timeout_ms, instance=self.instance)
+            client = Client(socket=self.config.socket,
+                            name=f"{self.config.client_name}-{self.role}",
+                            timeout_ms=self.timeout_ms, instance=self.instance)
         except KvtierError as e:
             if not self._warned:
                 log.warning("kvtier: no daemon at %s (%s); serving without "
@@ -179,12 +287,23 @@ class TierLink:
                             self.config.retry_s)
                 self._warned = True
             return None
-        return self._client
+        with self._lock:
+            if self._closed:
+                client.close()
+                return None
+            self._client = client
+        return client
 
     def _drop_idle_client(self) -> None:
-        """Closes the client when no namespace is attached through it (a
+        """Closes the client when no namespace was attached through it (a
         failed first attach holds no session open meanwhile)."""
-        if self._client is not None and not self._ns:
+        with self._lock:
+            if self._attaches == 0:
+                self._close_client()
+
+    def _close_client(self) -> None:
+        """REQUIRES: _lock held."""
+        if self._client is not None:
             self._client.close()
             self._client = None
 
@@ -217,7 +336,10 @@ class TierLink:
         return self._client is not None and self._client.session_alive
 
     def close(self) -> None:
-        if self._client is not None:
-            self._client.close()
-        self._client = None
+        """Closes the client, and with it every namespace; an attach still
+        under way closes it when it returns."""
+        with self._lock:
+            self._closed = True
+            if self._busy == 0:
+                self._close_client()
         self._ns = {}

@@ -24,6 +24,12 @@ get_block_ids()).
 - Stores are write-through: each step, the full blocks a request completes
   in that step are handed to the worker, which copies them after the
   forward pass. No vLLM block is held beyond its request's own lifetime.
+- Parallel engines (layout.Ranks): the scheduler's session is rank 0 of
+  the namespace; one lookup answers for every rank (a page is a hit only
+  where every rank committed it) and pins it for all of them. A load job
+  carries the pages' chain so that the other ranks find their own rows
+  (worker.py); a load or store counts once every rank reported it
+  (tally.py).
 - Tenants (tenants.py): a request's cache salt picks its namespace once,
   when it is first seen (the engine's own, a tenant's, or none: not
   cached); its lookups, loads and stores all go there.
@@ -40,8 +46,9 @@ import time
 from ..errors import KvtierError
 from .config import ConnectorConfig
 from .stats import Counters
-from .layout import CacheDescription
+from .layout import CacheDescription, Ranks
 from .link import TierLink
+from .tally import RankTally
 from .tenants import TenantMap
 from .worker import LoadJob, StepReport, StoreJob
 
@@ -61,6 +68,7 @@ class _Tracked:
     # With `cluster`: when this request's one prefetch stops being waited
     # for (time.monotonic()); None until it is started.
     prefetch_until: float | None = None
+    failed_stores: int = 0  # stores of it that failed (on any rank)
 
 
 @dataclasses.dataclass
@@ -69,10 +77,19 @@ class SchedulerStats(Counters):
     hit_tokens: int = 0
     miss_tokens: int = 0
     lookup_errors: int = 0
+    lookups_skipped: int = 0  # misses while the namespace was not attached
+    stores_skipped: int = 0  # steps whose new blocks were not stored: ditto
     prefetches: int = 0  # prefetches started (cluster)
     prefetch_waits: int = 0  # "ask again later" answers (cluster)
     prefetch_errors: int = 0
     unmapped_requests: int = 0  # cache salt in no tenant entry: not cached
+    stores_given_up: int = 0  # requests whose stores failed STORE_ATTEMPTS times
+    window_unstorable: int = 0  # requests whose sliding-window blocks were gone
+
+
+# A request whose store failed this many times (a full tier, a rank that
+# refuses) stores nothing more: each retry re-sends its whole chain.
+STORE_ATTEMPTS = 2
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,16 +103,21 @@ class StoredPages:
 
 class KvtierScheduler:
     def __init__(self, config: ConnectorConfig, name: str, layout,
-                 cache: CacheDescription, instance: bytes | None = None):
+                 cache: CacheDescription, instance: bytes | None = None,
+                 ranks: Ranks = Ranks(), background: bool = False):
         self.config = config
         self.cache = cache
+        self.ranks = ranks
         self.bs = cache.block_size
         self.tenants = TenantMap.of(config, name)
         self.link = TierLink(config, name, layout, "scheduler", instance=instance,
-                             tenants=self.tenants, warn_open=True)
-        # The namespaces the worker can copy for: no hit is reported from
-        # another (its step reports say; the connector sets the first value).
-        self.worker_ready: set[str] = set(self.tenants.namespaces)
+                             tenants=self.tenants, warn_open=True,
+                             background=background, on_attach=self._attached)
+        self._skipped = [0, 0]  # lookups, stores skipped before an attach
+        # What each rank reported: the namespaces every worker can copy for
+        # (no hit is reported from another; the connector sets the first
+        # guess), loads and stores done on every rank.
+        self.tally = RankTally(ranks, self.tenants.namespaces)
         # A lookup that ran out of time makes lookups misses until then
         # (a slow daemon costs one deadline per retry_s, not one per request).
         self._pause_until = 0.0
@@ -149,7 +171,9 @@ class KvtierScheduler:
         if time.monotonic() < self._pause_until:
             return 0
         ns = self.link.namespace(t.namespace)
-        if ns is None or t.namespace not in self.worker_ready:
+        if ns is None or t.namespace not in self.tally.ready:
+            self.stats.lookups_skipped += 1
+            self._skipped[0] += 1
             return 0
         hashes = self.page_hashes(request, max_pages)
         if len(hashes) * self.bs <= num_computed_tokens:
@@ -236,16 +260,20 @@ class KvtierScheduler:
         attn = block_ids[self.cache.attention_group]
         ok = (num_external_tokens % self.bs == 0 and first + count <= len(lease.rows)
               and first + count <= len(attn))
-        snapshot_block = snapshot_row = None
+        snapshot_blocks, snapshot_row = (), None
         if ok and self.cache.hybrid:
-            # The state after the last loaded page; only the deepest one is
-            # in the lease, so vLLM must take the whole hit.
-            mamba = block_ids[self.cache.mamba_group]
-            ok = (first + count == lease.usable_pages and lease.has_snapshot
-                  and first + count <= len(mamba))
-            if ok:
-                snapshot_block = mamba[first + count - 1]
-                snapshot_row = lease.snapshot_row
+            # The state after the last loaded page, one block per Mamba
+            # group; only the deepest one is in the lease, so vLLM must take
+            # the whole hit.
+            end = first + count
+            ok = end == lease.usable_pages and lease.has_snapshot
+            snapshot_blocks = self._state_blocks(block_ids, end) if ok else None
+            ok = snapshot_blocks is not None
+            snapshot_row = lease.snapshot_row
+        group_blocks = ()
+        if ok and self.cache.sliding_groups:
+            group_blocks = self._window_blocks(block_ids, first, first + count)
+            ok = group_blocks is not None
         if not ok:
             # Cannot be loaded as vLLM took it: have vLLM recompute the lot.
             log.warning("kvtier: cannot load %d tokens of %s as allocated; "
@@ -254,11 +282,55 @@ class KvtierScheduler:
             self._loads.append(LoadJob(request.request_id, tuple(block), (),
                                        namespace=t.namespace))
         else:
+            # Ranks other than 0 find their rows from the chain (worker.py).
+            chain = () if self.ranks.world == 1 or self.ranks.replicated else \
+                tuple(self.page_hashes(request, first + count))
             self._loads.append(LoadJob(
                 request.request_id, tuple(attn[first:first + count]),
-                tuple(lease.rows[first:first + count]), snapshot_block, snapshot_row,
-                namespace=t.namespace))
+                tuple(lease.rows[first:first + count]), snapshot_blocks, snapshot_row,
+                namespace=t.namespace, first_page=first, hashes=chain,
+                group_blocks=group_blocks))
         t.load_sent = True
+
+    def _window_blocks(self, block_ids, first: int, end: int):
+        """Per sliding-window group, its blocks of pages [first, end) that a
+        resume at page `end` needs (its window's pages; 0 for the others,
+        not loaded), or None when vLLM gave one of those no block."""
+        out = []
+        for g in self.cache.sliding_groups:
+            blocks = block_ids[g]
+            need = max(first, end - self.cache.window_pages(g))
+            row = []
+            for i in range(first, end):
+                block = blocks[i] if i < len(blocks) else 0
+                if i >= need and block == 0:
+                    return None
+                row.append(block if i >= need else 0)
+            out.append(tuple(row))
+        return tuple(out)
+
+    def _live_blocks(self, block_ids, first: int, end: int):
+        """Per sliding-window group, its blocks of pages [first, end), or
+        None when vLLM no longer holds one of them (outside the window)."""
+        out = []
+        for g in self.cache.sliding_groups:
+            blocks = tuple(block_ids[g][first:end])
+            if len(blocks) < end - first or 0 in blocks:
+                return None
+            out.append(blocks)
+        return tuple(out)
+
+    def _state_blocks(self, block_ids, pages: int) -> tuple[int, ...] | None:
+        """Each Mamba group's block holding its state after page `pages`-1,
+        in group order (the snapshot row's order), or None where a group
+        has none there (vLLM's null block 0, or no block yet)."""
+        out = []
+        for g in self.cache.mamba_groups:
+            blocks = block_ids[g]
+            if pages < 1 or pages > len(blocks) or blocks[pages - 1] == 0:
+                return None
+            out.append(blocks[pages - 1])
+        return tuple(out)
 
     def take_loads(self) -> list[LoadJob]:
         loads, self._loads = self._loads, []
@@ -271,10 +343,15 @@ class KvtierScheduler:
         end of this step: checked before plan_store so that most decode
         steps cost neither a block-table read nor hashing."""
         t = self._reqs.get(req_id)
-        return (t is not None and not t.finished and self.config.store != "none"
-                and t.namespace is not None and self.link.attached_to(t.namespace)
-                and min(computed_after // self.bs,
-                        self.num_full_pages(t.request)) > t.stored_pages)
+        new = (t is not None and not t.finished and self.config.store != "none"
+               and t.failed_stores < STORE_ATTEMPTS and t.namespace is not None
+               and min(computed_after // self.bs,
+                       self.num_full_pages(t.request)) > t.stored_pages)
+        if new and not self.link.attached_to(t.namespace):
+            self.stats.stores_skipped += 1  # a later miss
+            self._skipped[1] += 1
+            return False
+        return new
 
     def plan_store(self, req_id: str, computed_after: int,
                    block_ids: tuple[list[int], ...]) -> StoreJob | None:
@@ -282,6 +359,8 @@ class KvtierScheduler:
         the end of this step (`computed_after` tokens), or None."""
         t = self._reqs.get(req_id)
         if t is None or t.finished or self.config.store == "none":
+            return None
+        if t.failed_stores >= STORE_ATTEMPTS:
             return None
         if t.namespace is None or not self.link.attached_to(t.namespace):
             return None
@@ -301,35 +380,65 @@ class KvtierScheduler:
         hashes = self.page_hashes(t.request, full, start=max(first - 1, 0))
         parent = hashes[0] if first else None
         new_hashes = hashes[1:] if first else hashes
-        snapshot_block = None
+        snapshot_blocks = ()
         if self.cache.hybrid:
             # The recurrent state is kept only where the step ends on the
             # page boundary (vLLM's "align" mode schedules prefill chunks so).
-            mamba = block_ids[self.cache.mamba_group]
-            if computed_after != full * self.bs or full > len(mamba) or mamba[full - 1] == 0:
+            snapshot_blocks = self._state_blocks(block_ids, full)
+            if computed_after != full * self.bs or snapshot_blocks is None:
                 return None
-            snapshot_block = mamba[full - 1]
+        group_blocks = ()
+        if self.cache.sliding_groups:
+            # A page is stored with its sliding-window blocks or not at all:
+            # those vLLM dropped (outside the window) cannot be had, and
+            # every later page chains on this one.
+            group_blocks = self._live_blocks(block_ids, first, full)
+            if group_blocks is None:
+                self.stats.window_unstorable += 1
+                t.failed_stores = STORE_ATTEMPTS
+                return None
         tokens = ()
         if self.config.kv_event_tokens:
             tokens = tuple(int(x) for x in
                            t.request.all_token_ids[first * self.bs:full * self.bs])
         job = StoreJob(req_id, first, tuple(attn[first:full]), tuple(new_hashes),
-                       parent, snapshot_block, tokens, namespace=t.namespace)
+                       parent, snapshot_blocks, tokens, namespace=t.namespace,
+                       group_blocks=group_blocks)
         t.stored_pages = full
         return job
 
     # -- worker reports ----------------------------------------------------------
 
+    def _attached(self, ns) -> None:
+        if any(self._skipped):
+            log.info("kvtier: scheduler attached %r after %d lookups and %d "
+                     "stores were skipped", ns.name, *self._skipped)
+            self._skipped = [0, 0]
+
+    @property
+    def worker_ready(self) -> set[str]:
+        """The namespaces every worker can copy for."""
+        return self.tally.ready
+
+    @worker_ready.setter
+    def worker_ready(self, names) -> None:
+        """The first guess, until every rank has reported."""
+        self.tally.set_first_ready(names)
+
     def on_report(self, report: StepReport) -> None:
-        """The worker's report of a step: release pins of finished loads,
-        re-store requests whose store failed, record stored pages."""
-        self.worker_ready = set(report.attached or ())
-        self.loads_done(report.loaded | report.failed_loads)
-        for req_id in report.failed_stores:
+        """One rank's report of a step: release pins of loads every rank
+        finished, re-store requests whose store failed on a rank, record
+        pages every storing rank committed."""
+        loads_done, failed, stored = self.tally.add(report)
+        self.loads_done(loads_done)
+        for req_id in failed:
             t = self._reqs.get(req_id)
             if t is not None:
                 t.stored_pages = 0  # the chain may be broken: from the start
-        for req_id, first, n in report.stored:
+                t.failed_stores += 1
+                if t.failed_stores == STORE_ATTEMPTS:
+                    self.stats.stores_given_up += 1
+        for req_id, first, n in stored:
             t = self._reqs.get(req_id)
             if t is None:
                 continue

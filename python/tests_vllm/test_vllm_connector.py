@@ -41,9 +41,9 @@ def only_ns(socket, model):
             and n["layout"]["model"].startswith(model + "@")]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3_next"])
+@pytest.mark.parametrize("arch", ["llama", "qwen3_next", "qwen3_next_8", "gemma3"])
 def test_restarted_engine_is_served_bit_identical(arch, daemon, run_engine,
-                                                  start_engine, tmp_path):
+                                                  start_engine, tmp_path, capsys):
     model = make_model(arch)
     # Process 1: serves the prompt, then again from vLLM's own prefix cache.
     first, second = run_engine(script(arch, model, daemon.socket, [gen(), gen()]))
@@ -51,8 +51,14 @@ def test_restarted_engine_is_served_bit_identical(arch, daemon, run_engine,
     assert second["num_cached_tokens"] >= FULL_BLOCK_TOKENS
     ns = only_ns(daemon.socket, model)
     assert len(ns) == 1 and int(ns[0]["pages"]) >= 8
-    if arch == "qwen3_next":
+    if arch.startswith("qwen3_next"):
         assert int(ns[0]["snapshots"]) >= 1
+        groups = 3 if arch == "qwen3_next_8" else 1
+        row = int(ns[0]["layout"]["page_banks"][0]["row_bytes"])
+        assert int(ns[0]["layout"]["snapshot_row_bytes"]) == groups * row
+    if arch == "gemma3":  # a page row: the full-attention and 3 window blocks
+        row = int(ns[0]["layout"]["page_banks"][0]["row_bytes"])
+        assert row == 4 * 2 * 128 * 2 * 32 * 2, ns[0]["layout"]
 
     # Process 2, same config: the prompt comes from kvtier, and the top-20
     # logprobs of 16 tokens equal process 1's second serve (same schedule:
@@ -75,7 +81,12 @@ def test_restarted_engine_is_served_bit_identical(arch, daemon, run_engine,
                  if n["name"] == "tb." + ns[0]["name"]]
     open(checked, "w").close()
     restored, salted, _, _, _ = e.results()
+    with capsys.disabled():  # the hits side by side, in the test's output
+        print(f"\n{arch}: vLLM's own prefix cache hit "
+              f"{second['num_cached_tokens']} tokens, kvtier after a restart "
+              f"{restored['num_cached_tokens']} of the 1,100-token prompt")
     assert restored["num_cached_tokens"] >= FULL_BLOCK_TOKENS
+    assert restored["num_cached_tokens"] <= second["num_cached_tokens"]
     assert restored["token_ids"] == second["token_ids"]
     assert restored["logprobs"] == second["logprobs"]
     assert salted["num_cached_tokens"] == 0
@@ -85,22 +96,27 @@ def test_restarted_engine_is_served_bit_identical(arch, daemon, run_engine,
     # shared with every engine of the node.
     assert f"namespace '{ns[0]['name']}' is governed by no --namespace_acl" in e.log()
 
-    if arch != "llama":
-        return
     # Process 3 with a test-only fault that corrupts one loaded block: the
     # same comparison fails, so it can see wrong KV. Tenant b's prompt is
     # served from its own namespace.
-    corrupt, tenant_b = run_engine(script(arch, model, daemon.socket, [
+    e3 = start_engine(script(arch, model, daemon.socket, [
         gen(), gen(cache_salt="tenant-b")], **tenants),
         env={"KVTIER_VLLM_FAULT": "corrupt-load"})
+    # Process 4, once process 3 has read its config: the same model path
+    # with another config.json is another model, and nothing is served from
+    # the old namespace.
+    deadline = time.monotonic() + 600
+    while not (os.path.exists(e3.out_path) and open(e3.out_path).read()):
+        assert e3.proc.poll() is None, e3.log()[-4000:]
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    make_model(arch, model, weights=False, rms_norm_eps=2e-5)
+    e4 = start_engine(script(arch, model, daemon.socket, [gen()]))
+    corrupt, tenant_b = e3.results()
     assert corrupt["num_cached_tokens"] >= FULL_BLOCK_TOKENS
     assert corrupt["logprobs"] != second["logprobs"]
     assert tenant_b["num_cached_tokens"] >= FULL_BLOCK_TOKENS
-
-    # Process 4: the same model path with another config.json is another
-    # model: nothing is served from the old namespace.
-    make_model(arch, model, weights=False, rms_norm_eps=2e-5)
-    (changed,) = run_engine(script(arch, model, daemon.socket, [gen()]))
+    (changed,) = e4.results()
     assert changed["num_cached_tokens"] == 0
     assert len(only_ns(daemon.socket, model)) == 2
 

@@ -51,7 +51,7 @@ SANITIZER_ENV = ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 \
 # randomisation newer kernels may use.
 TSAN_BUILD ?= build-tsan
 TSAN_LOAD_SECONDS ?= 10
-TSAN_TESTS ?= tsan_canary_test tier_core_test tier_lookup_test tier_events_test \
+TSAN_TESTS ?= tsan_canary_test tier_core_test tier_lookup_test tier_events_test tier_observer_test \
   kv_events_test tier_attach_test \
   tier_fence_test tier_fence_restart_test checkpointer_test \
   tier_recovery_test fast_lookup_server_test metrics_test \

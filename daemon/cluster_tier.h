@@ -2,10 +2,10 @@
 // the daemons of several nodes share (issue 17; docs/cluster.md).
 //
 // The host tier stays the daemon's: ClusterTier holds no index and no rows.
-// TierCore (daemon/tier_cluster.cc) hands it the pages its host tier evicts
-// (or, with write_through, every page it commits) as values made by
+// ClusterBridge (daemon/cluster_bridge.h) hands it the pages its host tier
+// evicts (or, with write_through, every page it commits) as values made by
 // daemon/cluster_value.h, asks it how far a chain continues in Redis, and
-// fetches values for a Prefetch, which TierCore then checks, copies into
+// fetches values for a Prefetch, which a PrefetchJob then checks, copies into
 // rows and commits. What crosses the network is bounded and never blocks a
 // request beyond its deadline:
 //

@@ -25,7 +25,7 @@
 //
 // Evictions are not journaled: an evicted row's bytes stay what they were
 // until something writes the row, and every writer — an engine, the
-// prefetch (tier_prefetch.cc), mirror adoption (tier_commit.cc) — writes
+// prefetch (prefetch_job.cc), mirror adoption (tier_commit.cc) — writes
 // only rows whose reservation record precedes the write (the record is in
 // the file before the rows are handed out or copied into). Replay therefore
 // applies records in order and, at each reservation, takes those rows (of

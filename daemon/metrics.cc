@@ -225,47 +225,31 @@ void CollectCluster(const ClusterTier& cluster,
   out->push_back(slots.Take());
 }
 
-}  // namespace
-
-struct MetricsExporter::Impl : public prometheus::Collectable {
-  explicit Impl(TierCore* c) : core(c) {}
-
-  std::vector<MetricFamily> Collect() const override;
-
-  TierCore* const core;
-  // [op][transport]
-  AtomicHistogram latency[kTimedOps][kTransports];
-  std::atomic<uint64_t> errors[kTimedOps][kTransports] = {};
-
-  absl::Mutex mu;
-  std::unique_ptr<prometheus::Exposer> exposer ABSL_GUARDED_BY(mu);
-  int port ABSL_GUARDED_BY(mu) = 0;
-};
-
-std::vector<MetricFamily> MetricsExporter::Impl::Collect() const {
-  std::vector<MetricFamily> out;
-  v1::StatsResponse stats;
-  if (absl::Status s = core->Stats(v1::StatsRequest(), &stats); !s.ok()) {
-    SPDLOG_WARN("metrics: stats failed: {}", s.ToString());
-  }
-  std::map<std::string, TierCore::NamespaceCounters> counters;
-  for (auto& c : core->Counters()) counters[c.name] = std::move(c);
-
+// kvtierd as a whole: version, uptime, sessions, namespaces.
+void CollectDaemon(const v1::StatsResponse& stats,
+                   std::vector<MetricFamily>* out) {
   Family info("kvtier_build_info", "kvtierd's version (value 1)",
               MetricType::Gauge);
   info.Value({L("version", stats.version())}, 1);
-  out.push_back(info.Take());
+  out->push_back(info.Take());
   Family uptime("kvtier_uptime_seconds", "Seconds since kvtierd started",
                 MetricType::Gauge);
   uptime.Value({}, static_cast<double>(stats.uptime_seconds()));
-  out.push_back(uptime.Take());
+  out->push_back(uptime.Take());
   Family sessions("kvtier_sessions", "Open engine sessions", MetricType::Gauge);
   sessions.Value({}, stats.sessions());
-  out.push_back(sessions.Take());
+  out->push_back(sessions.Take());
   Family namespaces("kvtier_namespaces", "Namespaces held", MetricType::Gauge);
   namespaces.Value({}, stats.namespaces_size());
-  out.push_back(namespaces.Take());
+  out->push_back(namespaces.Take());
+}
 
+// Per namespace: lookups, commits, bytes, evictions, the index, sessions,
+// leases, reservations, fence holds, bank rows.
+void CollectNamespaces(
+    const v1::StatsResponse& stats,
+    std::map<std::string, TierCore::NamespaceCounters>& counters,
+    std::vector<MetricFamily>* out) {
   Family lookups("kvtier_lookups_total", "Lookups answered",
                  MetricType::Counter);
   Family pages("kvtier_lookup_pages_total",
@@ -374,8 +358,130 @@ std::vector<MetricFamily> MetricsExporter::Impl::Collect() const {
        {&lookups, &pages, &committed, &committed_snaps, &bytes, &evictions,
         &index_pages, &index_snaps, &index_prefixes, &ns_sessions, &leases,
         &reservations, &holds, &restart_waiting, &rows, &row_bytes}) {
-    out.push_back(f->Take());
+    out->push_back(f->Take());
   }
+}
+
+// The fence across namespaces (tier_core.h, "fence"), and the namespaces
+// recovery could not reopen.
+void CollectFence(const TierCore::FenceCounters& fc,
+                  const v1::StatsResponse& stats,
+                  std::vector<MetricFamily>* out) {
+  // The fence across namespaces (tier_core.h, "fence").
+  Family instances("kvtier_client_instances",
+                   "Client instances (engines) known to the fence",
+                   MetricType::Gauge);
+  instances.Value({}, fc.instances);
+  out->push_back(instances.Take());
+  Family unseen("kvtier_fence_unseen_pid_sessions",
+                "Sessions holding rows whose pid kvtierd cannot see (another "
+                "pid namespace): fenced by --unseen_pid_fence_s",
+                MetricType::Gauge);
+  unseen.Value({}, fc.unseen_pid_sessions);
+  out->push_back(unseen.Take());
+  Family freed("kvtier_fence_holds_released_total",
+               "Fence holds freed, by why: confirmed (the holder said its "
+               "work is done) or gone (every process of its instance exited)",
+               MetricType::Counter);
+  freed.Value({L("why", "confirmed")}, fc.released_confirmed);
+  freed.Value({L("why", "gone")}, fc.released_gone);
+  out->push_back(freed.Take());
+  Family mismatches("kvtier_fence_report_mismatches_total",
+                    "Items reported after a reconnection that matched "
+                    "nothing to fence",
+                    MetricType::Counter);
+  mismatches.Value({}, fc.report_mismatches);
+  out->push_back(mismatches.Take());
+  Family unrecoverable("kvtier_namespaces_unrecoverable",
+                       "Namespaces recovery kept but cannot serve: "
+                       "corrupt=true needs an operator's drop",
+                       MetricType::Gauge);
+  uint32_t corrupt = 0;
+  for (const auto& u : stats.unrecoverable()) corrupt += u.corrupt() ? 1 : 0;
+  unrecoverable.Value({L("corrupt", "true")}, corrupt);
+  unrecoverable.Value({L("corrupt", "false")},
+                      stats.unrecoverable_size() - corrupt);
+  out->push_back(unrecoverable.Take());
+}
+
+// The fast lookup socket under abuse (fast_lookup_server.h) and the gRPC
+// socket's gate (grpc_gate.h).
+void CollectSockets(std::vector<MetricFamily>* out) {
+  Family fast_conns("kvtier_fast_lookup_connections",
+                    "Fast lookup connections by state: pending (awaiting "
+                    "their Hello) or served",
+                    MetricType::Gauge);
+  fast_conns.Value({L("state", "pending")},
+                   static_cast<double>(internal::fast_lookup_connections[0]));
+  fast_conns.Value({L("state", "served")},
+                   static_cast<double>(internal::fast_lookup_connections[1]));
+  out->push_back(fast_conns.Take());
+  Family fast_closed(
+      "kvtier_fast_lookup_connections_closed_total",
+      "Fast lookup connections the daemon closed, by reason: before being "
+      "served, hello_deadline, uid_cap (the uid's oldest pending one made "
+      "room), pending_cap, served_cap, bad_hello, no_fds (out of file "
+      "descriptors); served, idle (a call connection past its idle "
+      "timeout), frame_deadline (a frame not whole in time)",
+      MetricType::Counter);
+  for (int r = 0; r < kFastLookupCloseReasons; ++r) {
+    fast_closed.Value(
+        {L("reason", kFastLookupCloseNames[r])},
+        static_cast<double>(FastLookupClosed(static_cast<FastLookupClose>(r))));
+  }
+  out->push_back(fast_closed.Take());
+  // The gRPC socket's gate (grpc_gate.h).
+  Family grpc_conns("kvtier_grpc_connections",
+                    "gRPC connections by state: waiting (for their HTTP/2 "
+                    "preface) or served",
+                    MetricType::Gauge);
+  grpc_conns.Value({L("state", "waiting")},
+                   static_cast<double>(internal::grpc_connections[0]));
+  grpc_conns.Value({L("state", "served")},
+                   static_cast<double>(internal::grpc_connections[1]));
+  out->push_back(grpc_conns.Take());
+  Family grpc_closed(
+      "kvtier_grpc_connections_closed_total",
+      "gRPC connections the daemon refused or closed before serving them, by "
+      "reason: uid_cap (--grpc_max_connections_per_uid), cap "
+      "(--grpc_max_connections), preface_deadline, bad_preface, no_fds",
+      MetricType::Counter);
+  for (int r = 0; r < kGrpcCloseReasons; ++r) {
+    grpc_closed.Value(
+        {L("reason", kGrpcCloseNames[r])},
+        static_cast<double>(GrpcClosed(static_cast<GrpcClose>(r))));
+  }
+  out->push_back(grpc_closed.Take());
+}
+
+}  // namespace
+
+struct MetricsExporter::Impl : public prometheus::Collectable {
+  explicit Impl(TierCore* c) : core(c) {}
+
+  std::vector<MetricFamily> Collect() const override;
+  void CollectLatency(std::vector<MetricFamily>* out) const;
+
+  TierCore* const core;
+  // [op][transport]
+  AtomicHistogram latency[kTimedOps][kTransports];
+  std::atomic<uint64_t> errors[kTimedOps][kTransports] = {};
+
+  absl::Mutex mu;
+  std::unique_ptr<prometheus::Exposer> exposer ABSL_GUARDED_BY(mu);
+  int port ABSL_GUARDED_BY(mu) = 0;
+};
+
+std::vector<MetricFamily> MetricsExporter::Impl::Collect() const {
+  std::vector<MetricFamily> out;
+  v1::StatsResponse stats;
+  if (absl::Status s = core->Stats(v1::StatsRequest(), &stats); !s.ok()) {
+    SPDLOG_WARN("metrics: stats failed: {}", s.ToString());
+  }
+  std::map<std::string, TierCore::NamespaceCounters> counters;
+  for (auto& c : core->Counters()) counters[c.name] = std::move(c);
+  CollectDaemon(stats, &out);
+  CollectNamespaces(stats, counters, &out);
   // KV events (daemon/kv_events.h), when the daemon publishes them.
   if (const KvEventSink* ev = core->kv_events(); ev != nullptr) {
     Family batches("kvtier_kv_event_batches_total",
@@ -393,44 +499,15 @@ std::vector<MetricFamily> MetricsExporter::Impl::Collect() const {
   if (const ClusterTier* cluster = core->cluster(); cluster != nullptr) {
     CollectCluster(*cluster, &out);
   }
-  // The fence across namespaces (tier_core.h, "fence").
-  const TierCore::FenceCounters fc = core->GetFenceCounters();
-  Family instances("kvtier_client_instances",
-                   "Client instances (engines) known to the fence",
-                   MetricType::Gauge);
-  instances.Value({}, fc.instances);
-  out.push_back(instances.Take());
-  Family unseen("kvtier_fence_unseen_pid_sessions",
-                "Sessions holding rows whose pid kvtierd cannot see (another "
-                "pid namespace): fenced by --unseen_pid_fence_s",
-                MetricType::Gauge);
-  unseen.Value({}, fc.unseen_pid_sessions);
-  out.push_back(unseen.Take());
-  Family freed("kvtier_fence_holds_released_total",
-               "Fence holds freed, by why: confirmed (the holder said its "
-               "work is done) or gone (every process of its instance exited)",
-               MetricType::Counter);
-  freed.Value({L("why", "confirmed")}, fc.released_confirmed);
-  freed.Value({L("why", "gone")}, fc.released_gone);
-  out.push_back(freed.Take());
-  Family mismatches("kvtier_fence_report_mismatches_total",
-                    "Items reported after a reconnection that matched "
-                    "nothing to fence",
-                    MetricType::Counter);
-  mismatches.Value({}, fc.report_mismatches);
-  out.push_back(mismatches.Take());
-  Family unrecoverable("kvtier_namespaces_unrecoverable",
-                       "Namespaces recovery kept but cannot serve: "
-                       "corrupt=true needs an operator's drop",
-                       MetricType::Gauge);
-  uint32_t corrupt = 0;
-  for (const auto& u : stats.unrecoverable()) corrupt += u.corrupt() ? 1 : 0;
-  unrecoverable.Value({L("corrupt", "true")}, corrupt);
-  unrecoverable.Value({L("corrupt", "false")},
-                      stats.unrecoverable_size() - corrupt);
-  out.push_back(unrecoverable.Take());
+  CollectFence(core->GetFenceCounters(), stats, &out);
+  CollectLatency(&out);
+  CollectSockets(&out);
+  return out;
+}
 
-  // Latency: the (op, transport) pairs that exist.
+// Latency: the (op, transport) pairs that exist; attaches.
+void MetricsExporter::Impl::CollectLatency(
+    std::vector<MetricFamily>* out) const {
   static constexpr std::pair<TimedOp, Transport> kPairs[] = {
       {TimedOp::kLookup, Transport::kGrpc},
       {TimedOp::kLookup, Transport::kEngine},
@@ -467,57 +544,9 @@ std::vector<MetricFamily> MetricsExporter::Impl::Collect() const {
     }
     attaches.Value({}, static_cast<double>(all - failed));
   }
-  out.push_back(duration.Take());
-  out.push_back(errs.Take());
-  out.push_back(attaches.Take());
-
-  // The fast lookup socket under abuse (fast_lookup_server.h).
-  Family fast_conns("kvtier_fast_lookup_connections",
-                    "Fast lookup connections by state: pending (awaiting "
-                    "their Hello) or served",
-                    MetricType::Gauge);
-  fast_conns.Value({L("state", "pending")},
-                   static_cast<double>(internal::fast_lookup_connections[0]));
-  fast_conns.Value({L("state", "served")},
-                   static_cast<double>(internal::fast_lookup_connections[1]));
-  out.push_back(fast_conns.Take());
-  Family fast_closed(
-      "kvtier_fast_lookup_connections_closed_total",
-      "Fast lookup connections the daemon closed, by reason: before being "
-      "served, hello_deadline, uid_cap (the uid's oldest pending one made "
-      "room), pending_cap, served_cap, bad_hello, no_fds (out of file "
-      "descriptors); served, idle (a call connection past its idle "
-      "timeout), frame_deadline (a frame not whole in time)",
-      MetricType::Counter);
-  for (int r = 0; r < kFastLookupCloseReasons; ++r) {
-    fast_closed.Value(
-        {L("reason", kFastLookupCloseNames[r])},
-        static_cast<double>(FastLookupClosed(static_cast<FastLookupClose>(r))));
-  }
-  out.push_back(fast_closed.Take());
-  // The gRPC socket's gate (grpc_gate.h).
-  Family grpc_conns("kvtier_grpc_connections",
-                    "gRPC connections by state: waiting (for their HTTP/2 "
-                    "preface) or served",
-                    MetricType::Gauge);
-  grpc_conns.Value({L("state", "waiting")},
-                   static_cast<double>(internal::grpc_connections[0]));
-  grpc_conns.Value({L("state", "served")},
-                   static_cast<double>(internal::grpc_connections[1]));
-  out.push_back(grpc_conns.Take());
-  Family grpc_closed(
-      "kvtier_grpc_connections_closed_total",
-      "gRPC connections the daemon refused or closed before serving them, by "
-      "reason: uid_cap (--grpc_max_connections_per_uid), cap "
-      "(--grpc_max_connections), preface_deadline, bad_preface, no_fds",
-      MetricType::Counter);
-  for (int r = 0; r < kGrpcCloseReasons; ++r) {
-    grpc_closed.Value(
-        {L("reason", kGrpcCloseNames[r])},
-        static_cast<double>(GrpcClosed(static_cast<GrpcClose>(r))));
-  }
-  out.push_back(grpc_closed.Take());
-  return out;
+  out->push_back(duration.Take());
+  out->push_back(errs.Take());
+  out->push_back(attaches.Take());
 }
 
 MetricsExporter::MetricsExporter(TierCore* core)

@@ -359,14 +359,25 @@ class PrefixIndex {
   // into this index. O(nodes).
   void ForEachNode(const std::function<void(const NodeView&)>& visit) const;
 
-  // From now on, every complete node that eviction removes (a leaf evicted
-  // for rows: not DropSubtree, not Clear, not a snapshot evicted alone) is
-  // shown to `observer` just before its rows are freed, as ForEachNode
-  // shows a node, so the rows still hold the committed pages: the cluster
-  // tier copies them out there (daemon/cluster_tier.h). `observer` must not
-  // call into this index. An empty function stops it. REQUIRES: exclusive
-  // access.
-  void SetEvictionObserver(std::function<void(const NodeView&)> observer) {
+  // What eviction removed, as SetEvictionObserver shows it.
+  struct Eviction {
+    NodeView node;
+    // Every stored rank had committed the page (an incomplete node no
+    // lookup could use: see IndexConfig::incomplete_grace_ms).
+    bool complete = false;
+    // false: the node's snapshot alone went, the page stays.
+    bool page = true;
+    // A snapshot went (the page's, with it, or alone).
+    bool snapshot = false;
+  };
+  // From now on, everything eviction removes (a leaf evicted for rows, or a
+  // snapshot evicted alone; not DropSubtree, not Clear) is shown to
+  // `observer` just before its rows are freed, as ForEachNode shows a node,
+  // so the rows still hold the committed pages: the cluster tier copies
+  // them out there (daemon/cluster_bridge.h). The evicted_* counters of
+  // Usage count exactly what it is shown. `observer` must not call into
+  // this index. An empty function stops it. REQUIRES: exclusive access.
+  void SetEvictionObserver(std::function<void(const Eviction&)> observer) {
     eviction_observer_ = std::move(observer);
   }
 
@@ -538,7 +549,7 @@ class PrefixIndex {
   uint64_t evicted_incomplete_ = 0;
   int64_t incomplete_grace_ms_ = 5000;
   std::vector<HashKey>* removal_log_ = nullptr;             // see SetRemovalLog
-  std::function<void(const NodeView&)> eviction_observer_;  // see above
+  std::function<void(const Eviction&)> eviction_observer_;  // see above
 };
 
 // ------------------------------------------------------------ functors --

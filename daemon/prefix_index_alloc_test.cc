@@ -464,17 +464,23 @@ TEST(PrefixIndexTest, ClaimRowsValidatesAllOrNothing) {
 
 TEST(PrefixIndexTest, EvictionObserverSeesCompleteNodesBeforeTheirRowsGo) {
   // Two ranks, hybrid: the observer sees an evicted leaf with both ranks'
-  // rows (and its snapshot rows) while they are still committed to it; a
-  // dropped subtree, a snapshot evicted alone and an incomplete node
-  // (one rank only) are not shown.
+  // rows (and its snapshot rows) while they are still committed to it; an
+  // incomplete node (one rank only) is shown as incomplete; a dropped
+  // subtree is not shown. Every eviction is shown: they add up to Usage's.
   auto index = Make(Config(/*page_rows=*/3, /*snapshot_rows=*/2,
                            /*tp_size=*/2));
   struct Seen {
     HashKey key;
     std::vector<uint32_t> page_rows, snapshot_rows;
   };
-  std::vector<Seen> seen;
-  index->SetEvictionObserver([&](const PrefixIndex::NodeView& v) {
+  std::vector<Seen> seen;  // Complete pages.
+  uint64_t shown_pages = 0, shown_snapshots = 0, shown_incomplete = 0;
+  index->SetEvictionObserver([&](const PrefixIndex::Eviction& e) {
+    shown_pages += e.page;
+    shown_snapshots += e.snapshot;
+    shown_incomplete += !e.complete;
+    if (!e.complete || !e.page) return;
+    const PrefixIndex::NodeView& v = e.node;
     seen.push_back(
         {*v.key, std::vector<uint32_t>(v.page_rows.begin(), v.page_rows.end()),
          std::vector<uint32_t>(v.snapshot_rows.begin(),
@@ -498,13 +504,18 @@ TEST(PrefixIndexTest, EvictionObserverSeesCompleteNodesBeforeTheirRowsGo) {
   ASSERT_EQ(seen[0].snapshot_rows.size(), 2u);
   EXPECT_NE(seen[0].snapshot_rows[0], kNoRow);
   EXPECT_NE(seen[0].snapshot_rows[1], kNoRow);
-  // The incomplete c (older than b) goes next: not shown.
+  // The incomplete c (older than b) goes next: shown as incomplete.
   ASSERT_TRUE(index->AllocatePageRows(0, 1).ok());
   EXPECT_EQ(seen.size(), 1u);
+  EXPECT_EQ(shown_incomplete, 1u);
   EXPECT_EQ(index->Lookup(c, 0).matched_pages, 0u);
   // A dropped subtree is not shown either.
   ASSERT_TRUE(index->DropSubtree(b[0]).ok());
   EXPECT_EQ(seen.size(), 1u);
+  const PrefixIndex::Usage u = index->GetUsage();
+  EXPECT_EQ(shown_pages, u.evicted_pages);
+  EXPECT_EQ(shown_snapshots, u.evicted_snapshots);
+  EXPECT_EQ(shown_incomplete, u.evicted_incomplete_pages);
   index->SetEvictionObserver({});
   EXPECT_TRUE(index->CheckInvariants().ok());
 }

@@ -109,12 +109,18 @@ void PrefixIndex::EvictLeaf(uint32_t id) {
   ++evicted_pages_;
   if (!Complete(N(id))) ++evicted_incomplete_;
   if (N(id).snapshot_ranks != 0) ++evicted_snapshots_;
-  if (eviction_observer_ && Complete(N(id))) eviction_observer_(ViewOf(id));
+  if (eviction_observer_) {
+    eviction_observer_(
+        {ViewOf(id), Complete(N(id)), true, N(id).snapshot_ranks != 0});
+  }
   RemoveLeaf(id);
 }
 
 void PrefixIndex::EvictSnapshot(uint32_t id) {
   ++evicted_snapshots_;
+  if (eviction_observer_) {
+    eviction_observer_({ViewOf(id), Complete(N(id)), false, true});
+  }
   RemoveSnapshot(id);
 }
 

@@ -5,13 +5,11 @@
 // connection and an idle timeout, and its socket's gate (daemon/grpc_gate.h)
 // caps connections per uid and closes one that never speaks HTTP/2; the fast
 // lookup socket gets FastLookupOptions (daemon/fast_lookup_server.h). The
-// --grpc_*, --fast_lookup_* and
-// --max_sessions_per_uid flags that set them are defined in
-// server_limits.cc, beside the code they feed.
+// --grpc_*, --fast_lookup_* and --max_sessions_per_uid flags that set them
+// are read by ServerLimitsFromFlags (daemon/daemon_options.h).
 //
 // Thread-safety: RaiseFileLimit changes process state: call it once, early in
-// main, before threads start. The rest are pure functions of their inputs
-// (ServerLimitsFromFlags reads the flags, thread-safe after parsing).
+// main, before threads start. The rest are pure functions of their inputs.
 #ifndef KVTIER_DAEMON_SERVER_LIMITS_H_
 #define KVTIER_DAEMON_SERVER_LIMITS_H_
 
@@ -73,12 +71,6 @@ absl::StatusOr<FileLimit> RaiseFileLimit();
 // before BuildAndStart.
 void ApplyServerLimits(grpc::ServerBuilder* builder,
                        const ServerLimits& limits);
-
-// The limits the --grpc_*, --fast_lookup_* and --max_sessions_per_uid
-// flags set; INVALID_ARGUMENT
-// naming the flag for a value no server could run with (a zero deadline or
-// cap). REQUIRES: flags parsed.
-absl::StatusOr<ServerLimits> ServerLimitsFromFlags();
 
 }  // namespace kvtier::daemon
 

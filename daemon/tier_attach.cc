@@ -21,6 +21,32 @@
 
 namespace kvtier::daemon {
 
+namespace {
+
+// OK when a session whose credentials are `peer` may attach where `req`
+// says, under ACL entry `acl` (nullptr: none governs the name).
+absl::Status CheckAttachRight(const v1::AttachRequest& req,
+                              const PeerInfo& peer,
+                              const NamespaceAclEntry* acl,
+                              bool require_peer_credentials) {
+  if ((require_peer_credentials || acl != nullptr) && !peer.verified) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session_id: session ", req.session_id(),
+        " has no verified peer credentials; libkvtier binds them when it "
+        "opens the session on the engine socket (<socket>.lookup), a gRPC "
+        "client with a Hello there after its Session opens"));
+  }
+  if (acl != nullptr && !acl->Allows(peer)) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("namespace: uid ", peer.uid, " (gid ", peer.gid,
+                     ") may not attach to namespace '", req.namespace_(),
+                     "' (--namespace_acl entry '", acl->pattern, "')"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status TierCore::Attach(const v1::AttachRequest& req,
                               v1::AttachResponse* resp) {
   if (absl::Status s = CheckApiVersion(req.api_version()); !s.ok()) return s;
@@ -42,18 +68,10 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
   // while the namespace is created.
   const PeerInfo peer = session->second.peer;
   const NamespaceAclEntry* acl = options_.namespace_acl.Find(req.namespace_());
-  if ((options_.require_peer_credentials || acl != nullptr) && !peer.verified) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "session_id: session ", req.session_id(),
-        " has no verified peer credentials; libkvtier binds them when it "
-        "opens the session on the engine socket (<socket>.lookup), a gRPC "
-        "client with a Hello there after its Session opens"));
-  }
-  if (acl != nullptr && !acl->Allows(peer)) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("namespace: uid ", peer.uid, " (gid ", peer.gid,
-                     ") may not attach to namespace '", req.namespace_(),
-                     "' (--namespace_acl entry '", acl->pattern, "')"));
+  if (absl::Status s =
+          CheckAttachRight(req, peer, acl, options_.require_peer_credentials);
+      !s.ok()) {
+    return s;
   }
   bool created = false;
   auto ns = CreateOrOpenLocked(req.namespace_(), req.layout(), req.capacity(),
@@ -121,40 +139,12 @@ absl::Status TierCore::Attach(const v1::AttachRequest& req,
     place = !n.numa_placed[n.StorageRank(req.tp_rank())];
     n.numa_placed[n.StorageRank(req.tp_rank())] = true;
   }
-  resp->set_namespace_id(n.id);
-  resp->set_layout_fingerprint(
-      std::string(reinterpret_cast<const char*>(n.fingerprint.data()),
-                  n.fingerprint.size()));
-  resp->set_hash_seed(
-      DeriveHashSeed(n.name, n.fingerprint, req.tenant_salt(), n.hash_bytes));
-  resp->set_hash_bytes(n.hash_bytes);
+  n.DescribeAttach(req.tp_rank(), req.tenant_salt(), resp);
   resp->set_created(created);
-  for (const auto& seg : n.segment_info[n.StorageRank(req.tp_rank())]) {
-    *resp->add_segments() = seg;
-  }
-  resp->set_page_rows(n.page_rows);
-  resp->set_snapshot_rows(n.snapshot_rows);
-  resp->set_max_replay_tokens(n.max_replay_tokens);
   // Engines can tell a namespace of their own from one every session may
   // attach (the vLLM connector warns at start about the latter).
   if (acl != nullptr) resp->set_acl_entry(acl->pattern);
-  for (uint32_t i = 0; i < options_.device_pools.size(); ++i) {
-    const DevicePoolExport& e = options_.device_pools[i];
-    v1::DevicePool* p = resp->add_device_pools();
-    p->set_device_ordinal(e.device_ordinal);
-    p->set_pci_bus_id(e.pci_bus_id);
-    // A pool's handle maps all of its GPU memory: only to the namespaces
-    // it serves (--device_pool_namespaces).
-    if (!PoolServes(i, n.name)) {
-      p->set_withheld(true);
-      continue;
-    }
-    p->set_ipc_handle(e.ipc_handle);
-    p->set_rows(e.rows);
-    p->set_row_bytes(e.row_bytes);
-    p->set_row_stride(e.row_stride);
-    p->set_kind("snapshot");
-  }
+  devices_.DescribePools(n.name, resp);
   SPDLOG_INFO("session {} attached to '{}' rank {}{}",
               SessionTag(req.session_id()), n.name, req.tp_rank(),
               created ? " (created)" : "");
@@ -264,29 +254,13 @@ absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
       // files nobody maps again. Device-pool slots are shared by every
       // namespace: those it may still copy into or out of stay fenced.
       OrphanDeviceSlotsLocked(*ns);
-      live_holds_.fetch_sub(ns->holds.size());
-      ns->holds.clear();
-      if (ns->restart_fence) {
-        ns->restart_fence.reset();
-        restart_fences_.fetch_sub(1);
-      }
-      ns->leases.clear();
-      ns->session_leases.clear();
-      ns->reservations.clear();
-      ns->use.clear();
-      ns->reserved_page_rows = 0;
-      ns->reserved_snapshot_rows = 0;
-      ns->index->Clear();
-      ns->removed_keys.clear();
-      // A prefetch in flight stops at its next step (tier_prefetch.cc).
-      ns->dropped = true;
-      ns->prefetch_pins = 0;
-      ns->prefetch_page_rows.assign(ns->prefetch_page_rows.size(), 0);
-      ns->prefetch_snapshot_rows.assign(ns->prefetch_snapshot_rows.size(), 0);
-      PublishCleared(ns->name);
+      TierNamespace::Forgotten forgot = ns->ForgetAll();
+      live_holds_.fetch_sub(forgot.holds);
+      if (forgot.restart_fence) restart_fences_.fetch_sub(1);
+      observers_.Cleared(ns->name);
       // Removed below, without locks; requests still holding ns see no
       // journal from now on.
-      journal = std::move(ns->journal);
+      journal = std::move(forgot.journal);
       for (const auto& [sid, rank] : ns->sessions) {
         auto s = sessions_.find(sid);
         if (s != sessions_.end()) s->second.attached.erase(ns->id);
@@ -300,21 +274,7 @@ absl::Status TierCore::Drop(const v1::DropRequest& req, v1::DropResponse* resp,
     pending = StartPendingLocked(ns->name, /*creating=*/false);
   }
   Hook("drop:unlinking");
-  // The journal goes first: a daemon killed between the two finds neither,
-  // or a journal whose segments are gone (reopened empty).
-  if (journal != nullptr) {
-    if (absl::Status s = journal->Remove(); !s.ok()) {
-      SPDLOG_WARN("dropping '{}': {}", ns->name, s.ToString());
-    }
-    journal.reset();
-  }
-  for (const auto& rank : ns->segment_info) {
-    for (const auto& seg : rank) {
-      if (absl::Status s = shm::Segment::Unlink(seg.path()); !s.ok()) {
-        SPDLOG_WARN("dropping '{}': {}", ns->name, s.ToString());
-      }
-    }
-  }
+  ns->RemoveFiles(std::move(journal));
   {
     absl::MutexLock lock(&mu_);
     EndPendingLocked(ns->name, *pending);
@@ -379,7 +339,7 @@ absl::Status TierCore::DropPrefix(Namespace& ns, const HashKey& key,
   ns.ApplyPendingTouches();
   auto dropped = ns.index->DropSubtree(key);
   if (!dropped.ok()) return dropped.status();
-  PublishRemoved(ns);
+  ns.TellRemoved();
   if (ns.journal != nullptr) {
     if (absl::Status s = ns.Journal(ns.journal->AppendDrop(key)); !s.ok()) {
       return s;

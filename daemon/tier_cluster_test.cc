@@ -1,5 +1,5 @@
-// Tests of the cluster tier through TierCore (daemon/tier_cluster.cc,
-// daemon/tier_prefetch.cc): two "nodes" (cores with their own banks) share a
+// Tests of the cluster tier through TierCore (daemon/cluster_bridge.h,
+// daemon/prefetch_job.h): two "nodes" (cores with their own banks) share a
 // real three-master Redis Cluster; what one commits or evicts, the other
 // finds with a remote lookup and prefetches, bit for bit. Values that fail
 // their checks are misses.

@@ -162,13 +162,17 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
   auto result = ns.index->Commit(rank, has_parent ? &parent : nullptr, keys,
                                  r.page_rows, placements);
   if (!result.ok()) return result.status();
-  PublishStored(
-      ns, has_parent ? &parent : nullptr, keys, result->completed,
-      absl::MakeConstSpan(req.token_ids().data(), req.token_ids().size()));
-  WriteThroughLocked(
-      ns, rank, has_parent ? &parent : nullptr, keys, r.page_rows, placements,
-      absl::MakeConstSpan(req.token_ids().data(), req.token_ids().size()),
-      *result);
+  TierCommit commit;
+  commit.origin = TierCommit::Origin::kEngine;
+  commit.rank = rank;
+  commit.parent = has_parent ? &parent : nullptr;
+  commit.keys = keys;
+  commit.rows = r.page_rows;
+  commit.snapshots = placements;
+  commit.token_ids =
+      absl::MakeConstSpan(req.token_ids().data(), req.token_ids().size());
+  commit.result = &*result;
+  ns.Committed(commit);
   // Acknowledged only once journaled. When even a checkpoint fails, the
   // pages stay visible (the engine wrote them) but the engine hears
   // UNAVAILABLE: a restart may lose them.
@@ -190,8 +194,6 @@ absl::Status TierCore::Commit(const v1::CommitRequest& req,
   }
   ns.reserved_page_rows -= r.page_rows.size();
   ns.reserved_snapshot_rows -= r.snapshot_rows.size();
-  ns.committed_pages += result->committed_pages;
-  ns.committed_snapshots += result->committed_snapshots;
   devices_.Commit(r.device_pool, device_placements, r.device_rows,
                   placed.device_placed);
   ns.Charge(r.session, -1, -Namespace::Rows(r));
@@ -267,7 +269,7 @@ absl::Status TierCore::AdoptMirror(const v1::CommitRequest& req,
     if (absl::Status s = ns.Journal(ns.journal->AppendReserve(rank, rows, {}));
         !s.ok()) {
       (void)ns.index->FreePageRows(rank, rows);
-      PublishRemoved(ns);
+      ns.TellRemoved();
       return s;
     }
   }
@@ -285,24 +287,26 @@ absl::Status TierCore::AdoptMirror(const v1::CommitRequest& req,
       ns.index->Commit(rank, has_parent ? &parent : nullptr, keys, rows, {});
   if (!result.ok()) {
     (void)ns.index->FreePageRows(rank, rows);
-    PublishRemoved(ns);  // The allocation may have evicted.
+    ns.TellRemoved();  // The allocation may have evicted.
     return result.status();
   }
-  PublishRemoved(ns);
-  PublishStored(
-      ns, has_parent ? &parent : nullptr, keys, result->completed,
-      absl::MakeConstSpan(req.token_ids().data(), req.token_ids().size()));
-  WriteThroughLocked(
-      ns, rank, has_parent ? &parent : nullptr, keys, rows, {},
-      absl::MakeConstSpan(req.token_ids().data(), req.token_ids().size()),
-      *result);
+  ns.TellRemoved();
+  TierCommit commit;
+  commit.origin = TierCommit::Origin::kMirror;
+  commit.rank = rank;
+  commit.parent = has_parent ? &parent : nullptr;
+  commit.keys = keys;
+  commit.rows = rows;
+  commit.token_ids =
+      absl::MakeConstSpan(req.token_ids().data(), req.token_ids().size());
+  commit.result = &*result;
+  ns.Committed(commit);
   absl::Status journaled;
   if (ns.journal != nullptr) {
     journaled = ns.Journal(ns.journal->AppendCommit(
         rank, has_parent ? &parent : nullptr, keys, rows, {},
         result->freed_page_rows, result->freed_snapshot_rows));
   }
-  ns.committed_pages += result->committed_pages;
   if (!journaled.ok()) return journaled;
   resp->set_committed_pages(result->committed_pages);
   resp->set_deduplicated_pages(result->deduplicated_pages);

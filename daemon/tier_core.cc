@@ -13,9 +13,32 @@
 
 namespace kvtier::daemon {
 
+namespace {
+
+std::vector<TierObserver*> AllObservers(KvEventObserver* kv_events,
+                                        ClusterBridge* cluster,
+                                        const TierOptions& options) {
+  std::vector<TierObserver*> all;
+  if (kv_events != nullptr) all.push_back(kv_events);
+  if (cluster != nullptr) all.push_back(cluster);
+  all.insert(all.end(), options.observers.begin(), options.observers.end());
+  return all;
+}
+
+}  // namespace
+
 TierCore::TierCore(TierOptions options)
     : options_(std::move(options)),
       started_(absl::Now()),
+      kv_events_(options_.kv_events == nullptr
+                     ? nullptr
+                     : std::make_unique<KvEventObserver>(options_.kv_events)),
+      cluster_(options_.cluster == nullptr
+                   ? nullptr
+                   : std::make_unique<ClusterBridge>(
+                         options_.cluster,
+                         [this](const char* point) { Hook(point); })),
+      observers_(AllObservers(kv_events_.get(), cluster_.get(), options_)),
       devices_(options_.device_pools, options_.device_pool_namespaces),
       fence_(std::make_unique<FenceRegistry>(
           options_.state_dir.empty() ? ""
@@ -28,14 +51,9 @@ TierCore::TierCore(TierOptions options)
 }
 
 TierCore::~TierCore() {
-  {
-    // Prefetch jobs (tier_cluster.cc) run on the cluster tier's threads,
-    // which outlive this core: stop them and wait until none runs.
-    absl::MutexLock lock(&jobs_mu_);
-    closing_ = true;
-    jobs_mu_.Await(absl::Condition(
-        +[](int64_t* jobs) { return *jobs == 0; }, &jobs_));
-  }
+  // Prefetch jobs run on the cluster tier's threads, which outlive this
+  // core: stop them and wait until none runs.
+  if (cluster_ != nullptr) cluster_->Shutdown();
   {
     absl::MutexLock lock(&sweeper_mu_);
     sweeper_stop_ = true;

@@ -37,6 +37,9 @@
 // tier_recovery.cc (Recover); TierNamespace (tier_namespace.h) is one
 // namespace, DeviceTiers (tier_device.h) the device pools, tier_request.h
 // the checks requests share, and TierOptions (tier_options.h) the options.
+// What the indexes do reaches the KV events (KvEventObserver), the cluster
+// tier (ClusterBridge, which also runs the prefetch jobs) and any other
+// observer through one seam, TierObserver (tier_observer.h).
 //
 // Thread-safety: thread-safe. Lock order: TierCore::mu_, then one
 // Namespace::mu (never two namespaces at once), then the FenceRegistry's
@@ -63,13 +66,15 @@
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "daemon/cluster_value.h"
+#include "daemon/cluster_bridge.h"
 #include "daemon/fence_registry.h"
 #include "daemon/journal.h"
+#include "daemon/kv_event_observer.h"
 #include "daemon/peer_credentials.h"
 #include "daemon/prefix_index.h"
 #include "daemon/tier_device.h"
 #include "daemon/tier_namespace.h"
+#include "daemon/tier_observer.h"
 #include "daemon/tier_options.h"
 #include "daemon/tier_reports.h"
 #include "kvtier/v1/tier.pb.h"
@@ -192,7 +197,7 @@ class TierCore {
                        v1::ReleaseResponse* response);
   // Starts bringing the continuation of request.hashes past the local
   // match from the cluster tier into the host tier, on a job thread of the
-  // ClusterTier, and returns at once (tier_cluster.cc; the contract is in
+  // ClusterTier, and returns at once (ClusterBridge; the contract is in
   // tier.proto, "prefetch"). Without a cluster tier: the local match, and
   // nothing remote. RESOURCE_EXHAUSTED when too many prefetches wait;
   // UNAVAILABLE while the core shuts down.
@@ -406,68 +411,6 @@ class TierCore {
   void RefundLocked(uid_t uid, uint64_t bytes)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // ---- KV events (tier_events.cc) ----
-  // Announces the pages of `keys` at `completed` (CommitResult::completed),
-  // one BlockStored per run of consecutive pages, with their tokens when
-  // `token_ids` holds tokens_per_page per key. No sink: nothing.
-  void PublishStored(Namespace& ns, const HashKey* parent,
-                     absl::Span<const HashKey> keys,
-                     absl::Span<const uint32_t> completed,
-                     absl::Span<const uint32_t> token_ids)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
-  // Announces what the index removed since (Namespace::removed_keys).
-  void PublishRemoved(Namespace& ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
-  // Announces that namespace `name` holds nothing any more.
-  void PublishCleared(const std::string& name);
-
-  // ---- the cluster tier (tier_cluster.cc) ----
-  // The digest naming page `key` of stored rank `rank` of ns in the cluster
-  // tier (its Redis key is ClusterKeyName of it), and the shape of its value.
-  static ClusterDigest ClusterDigestOf(const Namespace& ns, const HashKey& key,
-                                       uint32_t rank);
-  static ClusterValueShape ClusterShapeOf(const Namespace& ns,
-                                          const HashKey& key, uint32_t rank);
-  // Spills what eviction removes from ns (unless write-through already
-  // wrote it): installed on the index when the namespace is built.
-  void WatchEvictionsLocked(Namespace& ns) ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
-  // One rank's rows of a page to spill (snapshot_row kNoRow: none).
-  struct SpilledRank {
-    uint32_t rank = 0;
-    uint32_t page_row = kNoRow;
-    uint32_t snapshot_row = kNoRow;
-  };
-  // Queues the values of page `key` (child of `parent`, nullptr for a
-  // first page) of `ranks` for the cluster tier, copying the rows now; it
-  // is announced (BlockStored, medium STORAGE, with `token_ids` when
-  // given) once `announce_values` values of it are written (0: never).
-  void SpillPageLocked(Namespace& ns, const HashKey& key, const HashKey* parent,
-                       absl::Span<const SpilledRank> ranks,
-                       absl::Span<const uint32_t> token_ids,
-                       uint32_t announce_values)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
-  // With write-through: queues the pages a Commit of rank `rank` just
-  // made (keys[i] in rows[i] after `parent`, unless deduplicated) and
-  // their snapshots; the pages it completed are announced.
-  void WriteThroughLocked(
-      Namespace& ns, uint32_t rank, const HashKey* parent,
-      absl::Span<const HashKey> keys, absl::Span<const uint32_t> rows,
-      absl::Span<const PrefixIndex::SnapshotPlacement> snaps,
-      absl::Span<const uint32_t> token_ids,
-      const PrefixIndex::CommitResult& result)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(ns.mu);
-  // Pages of keys from `from` on that a prefetch is bringing in / that the
-  // cluster tier holds for every stored rank (consecutive).
-  uint32_t PrefetchingPages(Namespace& ns, absl::Span<const HashKey> keys,
-                            uint32_t from) ABSL_LOCKS_EXCLUDED(ns.prefetch_mu);
-  uint32_t RemotePages(const Namespace& ns, absl::Span<const HashKey> keys,
-                       uint32_t from);
-  // Stats' view of the cluster tier (operators only).
-  void FillClusterStatus(v1::ClusterTierStatus* out) const;
-  // The prefetch job: pages [from, to) of `keys` into the host tier.
-  void RunPrefetch(const std::shared_ptr<Namespace>& ns,
-                   const std::vector<HashKey>& keys, uint32_t from, uint32_t to)
-      ABSL_LOCKS_EXCLUDED(ns->mu);
-
   // ---- NUMA placement (tier_attach.cc) ----
   // The node an Attach naming `pci_bus_id` puts banks on under
   // options_.bank_numa_node: -1 for none (also when sysfs does not know the
@@ -517,6 +460,25 @@ class TierCore {
   // creators (shm/segment_cleanup.h) and logs them; returns how many.
   uint32_t RemoveOrphanedTempSegments();
 
+  // ---- the Fence RPC (tier_fence.cc) ----
+  // What a Fence request may act on: the namespaces the session attached
+  // to that it may fence, and each report item's namespace there (null:
+  // none) and lease hash; unresolved when an item names a namespace it
+  // cannot act on that still exists.
+  struct FenceScope {
+    struct Item {
+      std::shared_ptr<Namespace> ns;
+      HashKey lease_key;
+    };
+    std::vector<Item> items;
+    std::vector<std::shared_ptr<Namespace>> mine;
+    bool unresolved = false;
+  };
+  // Fills *scope for `request`, checking every report item (NOT_FOUND for
+  // an unknown session, INVALID_ARGUMENT naming the field).
+  absl::Status ResolveFence(const v1::FenceRequest& request, FenceScope* scope)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // ---- the fence's holds (tier_fence_holds.cc) ----
   // Moves reservation `id` of ns into a new hold of `kind`; returns its id
   // (0: no such reservation).
@@ -545,6 +507,12 @@ class TierCore {
 
   const TierOptions options_;
   const absl::Time started_;
+  // Whom commits, evictions and removals are told (tier_observer.h): the
+  // KV events and the cluster tier when configured, then
+  // options_.observers. Built before any namespace, in this order.
+  const std::unique_ptr<KvEventObserver> kv_events_;
+  const std::unique_ptr<ClusterBridge> cluster_;
+  const TierObservers observers_;
   // The device pools' tiers (options_.device_pools order); thread-safe,
   // locked after any Namespace::mu (a leaf).
   DeviceTiers devices_;
@@ -592,12 +560,6 @@ class TierCore {
   std::atomic<uint64_t> released_confirmed_{0};
   std::atomic<uint64_t> released_gone_{0};
   std::atomic<uint64_t> restart_fences_lifted_{0};
-  // Prefetch jobs submitted to the cluster tier and not yet finished: the
-  // destructor sets closing_ (jobs then stop at their next step) and waits
-  // for none.
-  absl::Mutex jobs_mu_;
-  int64_t jobs_ ABSL_GUARDED_BY(jobs_mu_) = 0;
-  bool closing_ ABSL_GUARDED_BY(jobs_mu_) = false;
   std::atomic<uint64_t> report_mismatches_{0};
   // Held by the one Verify running (TryLock: a second is refused).
   absl::Mutex verify_mu_;

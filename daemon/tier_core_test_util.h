@@ -61,8 +61,12 @@ class TierCoreTest : public ::testing::Test {
     o.segments.huge_pages = shm::HugePagePolicy::kOff;
     o.default_namespace_bytes = 1 << 20;
     o.namespace_budget_bytes = 64 << 20;
+    Configure(&o);
     core_ = std::make_unique<TierCore>(o);
   }
+  // The options hook: a fixture that needs other options (a KV event sink,
+  // observers, caps) changes them here, before the core is made.
+  virtual void Configure(TierOptions* options) {}
   void TearDown() override {
     core_.reset();
     std::filesystem::remove_all(dir_);

@@ -327,40 +327,9 @@ absl::StatusOr<std::shared_ptr<TierCore::Namespace>> TierCore::BuildNamespace(
   ns->segments.resize(plan.stored_ranks);
   ns->segment_info.resize(plan.stored_ranks);
   auto make_segment = [&](uint32_t rank, const std::string& bank, uint64_t rows,
-                          uint64_t row_bytes) -> absl::Status {
-    shm::SegmentSpec spec;
-    spec.file_name =
-        absl::StrCat(options_.segment_prefix, ".", name, ".", bank, ".r", rank);
-    spec.namespace_name = name;
-    spec.bank = bank;
-    spec.rank = rank;
-    spec.rows = rows;
-    spec.row_bytes = row_bytes;
-    spec.layout_fingerprint = ns->fingerprint;
-    auto seg = shm::Segment::Create(spec, plan.segment_options);
-    if (!seg.ok()) {
-      return absl::Status(seg.status().code(),
-                          absl::StrCat("bank '", bank, "' rank ", rank, ": ",
-                                       seg.status().message()));
-    }
-    auto owned = std::make_unique<shm::Segment>(*std::move(seg));
-    if (owned->created()) made.push_back(owned->path());
-    v1::Segment info;
-    info.set_bank(bank);
-    info.set_rank(rank);
-    info.set_path(owned->path());
-    info.set_rows(owned->rows());
-    info.set_row_bytes(owned->row_bytes());
-    info.set_row_stride(owned->row_stride());
-    info.set_data_offset(owned->data_offset());
-    info.set_file_bytes(owned->file_bytes());
-    info.set_huge_pages(owned->huge_pages());
-    SPDLOG_INFO("namespace '{}': bank '{}' rank {} {} ({} rows x {} B{})", name,
-                bank, rank, owned->created() ? "created" : "reopened", rows,
-                row_bytes, owned->huge_pages() ? ", 2 MiB pages" : "");
-    ns->segments[rank].push_back(std::move(owned));
-    ns->segment_info[rank].push_back(std::move(info));
-    return absl::OkStatus();
+                          uint64_t row_bytes) {
+    return ns->AddSegment(options_.segment_prefix, rank, bank, rows, row_bytes,
+                          plan.segment_options, &made);
   };
   Hook("attach:populating");
   for (uint32_t r = 0; r < plan.stored_ranks; ++r) {
@@ -382,10 +351,10 @@ absl::StatusOr<std::shared_ptr<TierCore::Namespace>> TierCore::BuildNamespace(
   // Unpublished: nobody else can reach ns->mu yet.
   absl::MutexLock lock(&ns->mu);
   ns->index = *std::move(index);
-  if (options_.kv_events != nullptr) {
-    ns->index->SetRemovalLog(&ns->removed_keys);
-  }
-  WatchEvictionsLocked(*ns);
+  ns->observers = &observers_;
+  ns->WatchIndex();
+  ns->prefetch_page_rows.assign(ns->stored_ranks, 0);
+  ns->prefetch_snapshot_rows.assign(ns->stored_ranks, 0);
   // A rank whose banks existed already (recovery, or files a daemon without
   // a journal left) keeps its placement: engines may map them.
   ns->numa_placed.assign(plan.stored_ranks, false);

@@ -31,6 +31,26 @@ bool DeviceTiers::Serves(uint32_t pool, absl::string_view name) const {
   return false;
 }
 
+void DeviceTiers::DescribePools(absl::string_view name,
+                                v1::AttachResponse* resp) const {
+  for (uint32_t i = 0; i < pools_.size(); ++i) {
+    const DevicePoolExport& e = pools_[i];
+    v1::DevicePool* p = resp->add_device_pools();
+    p->set_device_ordinal(e.device_ordinal);
+    p->set_pci_bus_id(e.pci_bus_id);
+    // --device_pool_namespaces.
+    if (!Serves(i, name)) {
+      p->set_withheld(true);
+      continue;
+    }
+    p->set_ipc_handle(e.ipc_handle);
+    p->set_rows(e.rows);
+    p->set_row_bytes(e.row_bytes);
+    p->set_row_stride(e.row_stride);
+    p->set_kind("snapshot");
+  }
+}
+
 std::string DeviceTiers::Key(uint64_t namespace_id, uint32_t rank,
                              const HashKey& hash, uint32_t hash_bytes) {
   std::string key(sizeof(namespace_id) + sizeof(rank) + hash_bytes, '\0');

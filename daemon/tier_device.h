@@ -26,6 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "daemon/device_pool.h"
 #include "daemon/prefix_index.h"
+#include "kvtier/v1/tier.pb.h"
 
 namespace kvtier::daemon {
 
@@ -43,6 +44,10 @@ class DeviceTiers {
   size_t size() const { return tiers_.size(); }
   // True when pool `pool` exists and serves namespace `name`.
   bool Serves(uint32_t pool, absl::string_view name) const;
+  // Adds every pool to an Attach's response for namespace `name`: its
+  // ordinal and bus id, and, where it serves `name`, its IPC handle and
+  // shape (a pool's handle maps all of its GPU memory); elsewhere withheld.
+  void DescribePools(absl::string_view name, v1::AttachResponse* resp) const;
 
   // A snapshot's key in a pool: namespace id, rank and hash, so namespaces
   // share a pool's slots without ever matching each other.

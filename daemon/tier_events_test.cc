@@ -1,5 +1,5 @@
-// Tests of TierCore's KV events (daemon/tier_events.cc) through a sink that
-// records them: a commit announces what it made complete, with its tokens;
+// Tests of TierCore's KV events (daemon/kv_event_observer.h) through a sink
+// that records them: a commit announces what it made complete, with its tokens;
 // eviction and Drop withdraw what was announced; a dropped namespace is
 // cleared; nothing else (deduplicated pages, a TP page only some ranks hold,
 // a refused commit) makes an event.
@@ -24,17 +24,7 @@ using ::testing::HasSubstr;
 
 class TierEventsTest : public TierCoreTest {
  protected:
-  void SetUp() override {
-    TierCoreTest::SetUp();
-    core_.reset();
-    TierOptions o;
-    o.segments.shm_dir = dir_;
-    o.segments.huge_pages = shm::HugePagePolicy::kOff;
-    o.default_namespace_bytes = 1 << 20;
-    o.namespace_budget_bytes = 64 << 20;
-    o.kv_events = &sink_;
-    core_ = std::make_unique<TierCore>(o);
-  }
+  void Configure(TierOptions* o) override { o->kv_events = &sink_; }
   // Reserve + Commit of `hashes` under `parent`, with `tokens`.
   absl::Status Put(uint64_t s, uint64_t ns, const std::string& parent,
                    const std::string& hashes, std::vector<uint32_t> tokens) {

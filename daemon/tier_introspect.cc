@@ -138,7 +138,9 @@ absl::Status TierCore::Stats(const v1::StatsRequest& req,
       static_cast<uint32_t>(fence_->unseen_pid_processes()));
   for (auto& ns : all) FillNamespaceInfo(*ns, resp->add_namespaces());
   // Where the node's pages go is the operator's business.
-  if (caller.operator_socket) FillClusterStatus(resp->mutable_cluster());
+  if (caller.operator_socket && cluster_ != nullptr) {
+    cluster_->FillStatus(resp->mutable_cluster());
+  }
   return absl::OkStatus();
 }
 

@@ -2,7 +2,8 @@
 // socket's), which finds the longest usable cached prefix of a request's
 // hashes and, with pin, leases it; and Release, which ends a lease. With a
 // device pool named, the snapshot the host answer ends at is also looked
-// up in that pool's device tier (tier_device.h).
+// up in that pool's device tier (tier_device.h). Prefetch, which starts
+// bringing a chain's continuation from the cluster tier (ClusterBridge).
 //
 // Lookups of a namespace, pinned or not, and releases run concurrently under
 // its lock held shared; only a full queue of recency updates takes it
@@ -48,8 +49,8 @@ absl::Status TierCore::Lookup(const v1::LookupRequest& req,
   resp->set_has_snapshot(out.has_snapshot);
   if (out.has_snapshot) resp->set_snapshot_row(out.snapshot_row);
   resp->set_lease_id(out.lease_id);
-  if (req.remote() && options_.cluster != nullptr) {
-    // The cluster tier's continuation (tier_cluster.cc), outside every
+  if (req.remote() && cluster_ != nullptr) {
+    // The cluster tier's continuation (ClusterBridge), outside every
     // lock. A session or namespace gone meanwhile: no remote pages.
     uint32_t rank = 0;
     auto ns = Resolve(0, req.session_id(), req.namespace_id(), &rank);
@@ -57,12 +58,7 @@ absl::Status TierCore::Lookup(const v1::LookupRequest& req,
     if (ns.ok() && ParseHashes(req.hashes(), (*ns)->hash_bytes, kMaxLookupPages,
                                "hashes", &keys)
                        .ok()) {
-      const uint32_t prefetching =
-          PrefetchingPages(**ns, keys, out.matched_pages);
-      resp->set_prefetching_pages(prefetching);
-      if (prefetching == 0) {
-        resp->set_remote_pages(RemotePages(**ns, keys, out.matched_pages));
-      }
+      cluster_->Continuation(**ns, keys, out.matched_pages, resp);
     }
   }
   return absl::OkStatus();
@@ -104,15 +100,6 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
   // the recency update, which is queued (Namespace::pending_touches). Nothing
   // can evict between the search and the pin: evictors hold mu exclusively.
   PrefixIndex::LookupResult r;
-  auto count = [&] {
-    ns.lookups.fetch_add(1, std::memory_order_relaxed);
-    ns.hit_pages.fetch_add(r.usable_pages, std::memory_order_relaxed);
-    ns.miss_pages.fetch_add(keys.size() - r.usable_pages,
-                            std::memory_order_relaxed);
-    if (r.has_snapshot) {
-      ns.snapshot_hits.fetch_add(1, std::memory_order_relaxed);
-    }
-  };
   // The device tier serves the host's usable snapshot from HBM when it
   // holds the same one: the pages up to it are the host's (pinned by the
   // host lease), so the answer never outgrows what the host index vouches
@@ -141,22 +128,11 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
     r = ns.index->Find(keys, rank);
     if (pin && r.usable_pages > 0 && r.pin_node != kNoNode) {
       absl::MutexLock leases(&ns.lease_mu);
-      if (options_.max_session_leases > 0) {
-        auto u = ns.session_leases.find(session_id);
-        if (u != ns.session_leases.end() &&
-            u->second >= options_.max_session_leases) {
-          return absl::ResourceExhaustedError(absl::StrCat(
-              "pin: this session holds ", u->second, " leases in namespace '",
-              ns.name,
-              "', the most one session may (--max_session_leases); release "
-              "some"));
-        }
+      if (absl::Status s =
+              ns.CheckLeaseCap(session_id, options_.max_session_leases);
+          !s.ok()) {
+        return s;
       }
-      uint64_t lease = 0;  // Random, like every id handed out (random_id.h).
-      do {
-        lease = RandomId();
-      } while (ns.leases.contains(lease));
-      ns.index->Pin(r.pin_node);
       Namespace::Lease l{session_id, r.pin_node, r.usable_pages};
       if (auto d = device_hit(true)) {
         out->has_device_snapshot = true;
@@ -164,18 +140,14 @@ absl::Status TierCore::LookupHashes(uint64_t session_id, uint64_t namespace_id,
         l.device_pool = static_cast<uint32_t>(device_pool);
         l.device_lease = d->lease_id;
       }
-      ns.leases[lease] = l;
-      ns.ChargeLease(session_id, 1);
-      out->lease_id = lease;
+      out->lease_id = ns.AddLease(l);
     }
     if (r.touch_node != kNoNode) {
       const size_t depth =
           (r.pin_node != kNoNode ? r.usable_pages : r.matched_pages) - 1;
-      absl::MutexLock touch(&ns.touch_mu);
-      ns.pending_touches.emplace_back(r.touch_node, keys[depth]);
-      flush = ns.pending_touches.size() >= Namespace::kMaxPendingTouches;
+      flush = ns.QueueTouch(r.touch_node, keys[depth]);
     }
-    count();
+    ns.CountLookup(r, keys.size());
   }
   if (flush) {
     absl::MutexLock lock(&ns.mu);
@@ -221,6 +193,32 @@ absl::Status TierCore::Release(const v1::ReleaseRequest& req,
   devices_.Release(l.device_pool, l.device_lease);
   if (!s.ok()) return absl::InternalError(s.message());
   return absl::OkStatus();
+}
+
+absl::Status TierCore::Prefetch(const v1::PrefetchRequest& req,
+                                v1::PrefetchResponse* resp) {
+  uint32_t rank = 0;
+  auto ns_or =
+      Resolve(req.api_version(), req.session_id(), req.namespace_id(), &rank);
+  if (!ns_or.ok()) return ns_or.status();
+  std::shared_ptr<Namespace> ns = *std::move(ns_or);
+  std::vector<HashKey> keys;
+  if (absl::Status s = ParseHashes(req.hashes(), ns->hash_bytes,
+                                   kMaxLookupPages, "hashes", &keys);
+      !s.ok()) {
+    return s;
+  }
+  if (keys.empty()) return absl::InvalidArgumentError("hashes: none given");
+  uint32_t local = 0;
+  {
+    absl::ReaderMutexLock lock(&ns->mu);
+    local = ns->index->Find(keys, 0).matched_pages;
+  }
+  resp->set_local_pages(local);
+  // Without a cluster tier nothing is remote: a miss, as for any chain no
+  // tier holds.
+  if (cluster_ == nullptr || local == keys.size()) return absl::OkStatus();
+  return cluster_->Prefetch(ns, std::move(keys), local, resp);
 }
 
 }  // namespace kvtier::daemon

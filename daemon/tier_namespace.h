@@ -38,6 +38,9 @@
 
 namespace kvtier::daemon {
 
+struct TierCommit;    // daemon/tier_observer.h
+class TierObservers;  // daemon/tier_observer.h
+
 struct TierNamespace {
   struct Reservation {
     uint64_t session = 0;
@@ -128,6 +131,9 @@ struct TierNamespace {
   // handed. Set before the namespace is published.
   Checkpointer* checkpointer = nullptr;
   std::weak_ptr<TierNamespace> self;
+  // Whom its commits, evictions and removals are told (the core's; never
+  // null once built).
+  const TierObservers* observers = nullptr;
 
   absl::Mutex mu;
   std::unique_ptr<PrefixIndex> index ABSL_GUARDED_BY(mu);
@@ -191,10 +197,10 @@ struct TierNamespace {
   absl::Mutex touch_mu;
   std::vector<std::pair<uint32_t, HashKey>> pending_touches
       ABSL_GUARDED_BY(touch_mu);
-  // Keys of complete nodes removed since the last KV event was published
-  // (PrefixIndex::SetRemovalLog; only with a KV event sink).
+  // Keys of complete nodes removed since TellRemoved last told them
+  // (PrefixIndex::SetRemovalLog).
   std::vector<HashKey> removed_keys ABSL_GUARDED_BY(mu);
-  // The cluster tier's prefetches (daemon/tier_cluster.cc). Their rows in
+  // The cluster tier's prefetches (daemon/prefetch_job.h). Their rows in
   // flight, per stored rank: allocated-uncommitted, no reservation's (the
   // invariant check counts them); their pins on the chains they extend;
   // and the hashes they are bringing in (packed bytes), which lookups
@@ -220,9 +226,98 @@ struct TierNamespace {
   uint32_t StorageRank(uint32_t tp_rank) const {
     return layout.replicated() ? 0 : tp_rank;
   }
+  // A Drop of the whole namespace: forgets its holds, restart fence,
+  // leases, reservations and index, and stops a prefetch in flight (at its
+  // next step: `dropped`). Returns how many holds it had, whether a restart
+  // fence was up (for the core's counters), and the journal, to remove
+  // with no lock held (RemoveFiles).
+  struct Forgotten {
+    size_t holds = 0;
+    bool restart_fence = false;
+    std::unique_ptr<NamespaceJournal> journal;
+  };
+  Forgotten ForgetAll() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu, lease_mu);
+  // Removes the `removed` journal first (a daemon killed between the two
+  // finds neither, or a journal whose segments are gone: reopened empty),
+  // then the segments' files; failures are logged.
+  void RemoveFiles(std::unique_ptr<NamespaceJournal> removed) const;
+  // While the namespace is built (unpublished): creates, or reopens, the
+  // segment of bank `bank` of stored rank `rank` (named after
+  // `segment_prefix`, the namespace and the bank) and appends it to
+  // segments[rank] and segment_info[rank]; the path of a segment it
+  // created is appended to *made. The segment's error, naming the bank and
+  // rank.
+  absl::Status AddSegment(const std::string& segment_prefix, uint32_t rank,
+                          const std::string& bank, uint64_t rows,
+                          uint64_t row_bytes,
+                          const shm::SegmentOptions& options,
+                          std::vector<std::string>* made);
+  // Recovery: why the segments are not the ones journal header `h`
+  // describes (a bank it does not name, a segment recreated or replaced
+  // since); empty when every one is.
+  std::string SegmentsDoubt(const JournalHeader& h) const;
+  // An Attach's response at `tp_rank`: id, fingerprint, the hash seed for
+  // `tenant_salt`, hash size, the rank's segments, rows, replay spacing.
+  void DescribeAttach(uint32_t tp_rank, const std::string& tenant_salt,
+                      v1::AttachResponse* resp) const;
   // What the journal records about the namespace: shape and segments, each
   // with the creation stamp of its header as its content nonce.
   JournalHeader MakeJournalHeader() const;
+
+  // ---- The Fence RPC's reports (tier_namespace_fence.cc) ----
+  // OK when `item` (named `field` in errors) fits this namespace: its
+  // tp_rank, rows and lease hash; then *lease_key is its lease hash (when
+  // it names one). INVALID_ARGUMENT naming the field otherwise.
+  absl::Status CheckFenceItem(const v1::FenceItem& item,
+                              const std::string& field,
+                              HashKey* lease_key) const;
+  // The hold of `instance` left by `process` (none in `kept`) that `item`
+  // names (its lease, or its rank's rows in order), now kReported; 0: none.
+  uint64_t MatchHold(const InstanceKey& instance, const HolderKey& process,
+                     uint32_t rank, const v1::FenceItem& item,
+                     const HashKey& lease_key,
+                     const absl::flat_hash_set<uint64_t>& kept)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // For a process that held rows before the restart: a new kReported hold
+  // of what the (unlifted) restart fence keeps of `item` (its leased node,
+  // pinned, or its rows, in its order); 0 when it keeps none of it.
+  uint64_t HoldRestartRows(const InstanceKey& instance,
+                           const HolderKey& process, uint32_t rank,
+                           const v1::FenceItem& item, const HashKey& lease_key)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // The holds of `instance` left by `process` that a complete report did
+  // not name (not in `kept`), abandoned reservations aside.
+  std::vector<uint64_t> UnreportedHolds(
+      const InstanceKey& instance, const HolderKey& process,
+      const absl::flat_hash_set<uint64_t>& kept) const
+      ABSL_SHARED_LOCKS_REQUIRED(mu);
+
+  // Makes the index show its evictions to the observers (OnEvicting) and
+  // log the complete nodes it removes (removed_keys). Once, when built.
+  void WatchIndex() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Counts a rank's commit (committed_pages, committed_snapshots: Stats)
+  // and tells the observers (OnCommitted).
+  void Committed(const TierCommit& commit) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+  // Tells the observers the complete pages the index removed since the
+  // last call (OnRemoved), and forgets them. Every request that may have
+  // evicted or dropped calls it before it lets go of mu.
+  void TellRemoved() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu);
+
+  // ---- Lookups (tier_namespace.cc), under mu held shared ----
+  // RESOURCE_EXHAUSTED naming --max_session_leases when `session` holds
+  // `max_leases` leases here already (0: no cap).
+  absl::Status CheckLeaseCap(uint64_t session, uint32_t max_leases) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(lease_mu);
+  // Pins `lease.node` and records the lease under a new random id (every
+  // id handed out is: random_id.h), charged to its session; returns the id.
+  uint64_t AddLease(const Lease& lease) ABSL_SHARED_LOCKS_REQUIRED(mu)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(lease_mu);
+  // Queues a lookup's recency update of `node` (whose key is `key`);
+  // returns whether the queue is full (the caller applies it, exclusively).
+  bool QueueTouch(uint32_t node, const HashKey& key)
+      ABSL_SHARED_LOCKS_REQUIRED(mu);
+  // Counts a lookup of `asked` pages that found `found`.
+  void CountLookup(const PrefixIndex::LookupResult& found, size_t asked);
 
   // Applies the recency updates that unpinned lookups queued
   // (pending_touches), in order.

@@ -21,6 +21,7 @@
 namespace kvtier::daemon {
 
 class ClusterTier;
+class TierObserver;
 
 inline constexpr uint32_t kApiVersion = 1;
 inline constexpr uint32_t kMaxLookupPages = 1u << 20;
@@ -80,6 +81,10 @@ struct TierOptions {
   // nullptr for none. Outlives the TierCore, whose destructor waits for the
   // prefetch jobs it submitted.
   ClusterTier* cluster = nullptr;
+  // More observers of every namespace's commits, evictions and removals
+  // (daemon/tier_observer.h), told after the KV events and the cluster
+  // tier, in this order. Each outlives the TierCore.
+  std::vector<TierObserver*> observers;
   // The fence protocol's policy (daemon/fence_registry.h).
   FenceOptions fence;
   // A corrupt journal (JournalContents::corrupt): false keeps its

@@ -190,26 +190,7 @@ absl::Status TierCore::RecoverNamespace(const std::string& name,
     doubt = absl::StrCat("the journal is corrupt (", contents->stopped,
                          ") and --corrupt_journal=empty");
   }
-  for (uint32_t r = 0; r < ns.segments.size() && doubt.empty(); ++r) {
-    for (size_t i = 0; i < ns.segments[r].size() && doubt.empty(); ++i) {
-      const shm::Segment& seg = *ns.segments[r][i];
-      const std::string& bank = ns.segment_info[r][i].bank();
-      auto known = std::find_if(h.segments.begin(), h.segments.end(),
-                                [&](const JournalSegment& j) {
-                                  return j.rank == r && j.bank == bank;
-                                });
-      if (known == h.segments.end()) {
-        doubt = absl::StrCat("bank '", bank, "' rank ", r,
-                             " is not in the journal");
-      } else if (seg.created()) {
-        doubt = absl::StrCat(seg.path(), " was missing and is recreated");
-      } else if (known->path != seg.path() ||
-                 known->created_unix_ns != seg.header().created_unix_ns) {
-        doubt = absl::StrCat(seg.path(), " is not the segment the journal ",
-                             "describes (recreated since)");
-      }
-    }
-  }
+  if (doubt.empty()) doubt = ns.SegmentsDoubt(h);
   absl::ReleasableMutexLock lock(&ns.mu);
   if (doubt.empty()) {
     auto restored = RestoreIndex(*contents, ns.index.get());

@@ -80,7 +80,7 @@ absl::Status TierCore::Reserve(const v1::ReserveRequest& req,
   // All or nothing, and refused before anything is evicted.
   auto allocated = ns.index->AllocateRows(rank, req.pages(), req.snapshots());
   if (!allocated.ok()) return ExplainFenceLocked(ns, allocated.status());
-  PublishRemoved(ns);  // What the allocation evicted.
+  ns.TellRemoved();  // What the allocation evicted.
   std::vector<uint32_t> pages = std::move(allocated->page_rows);
   std::vector<uint32_t> snaps = std::move(allocated->snapshot_rows);
   auto device = devices_.Reserve(req.device_pool(), req.device_snapshots());

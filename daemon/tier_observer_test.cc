@@ -24,6 +24,12 @@
 namespace kvtier::daemon {
 namespace {
 
+#define ASSERT_OK(expr)              \
+  do {                               \
+    const absl::Status st_ = (expr); \
+    ASSERT_TRUE(st_.ok()) << st_;    \
+  } while (0)
+
 // Counts what it is told, per namespace name.
 class CountingObserver : public TierObserver {
  public:
@@ -82,15 +88,18 @@ class TierObserverTest : public TierCoreTest {
     o->kv_events = &sink_;
     o->observers = {&counter_};
   }
-  // Reserve + Commit of `hashes` (32-byte keys) under `parent`, snapshots
-  // at `snaps` (page indices).
+  // Reserve + Commit of `hashes` (32-byte keys) under `parent`, with
+  // snapshots at pages `snaps`.
   absl::Status Put(uint64_t s, uint64_t ns, const std::string& parent,
                    const std::string& hashes,
                    std::vector<uint32_t> snaps = {}) {
     auto r = Reserve(s, ns, hashes.size() / 32, snaps.size());
     if (!r.ok()) return r.status();
     std::vector<std::pair<uint32_t, std::string>> placed;
-    for (uint32_t i : snaps) placed.push_back({i, HashAt(hashes, i, 32)});
+    // Snapshot row k of the reservation holds the state at page snaps[k].
+    for (uint32_t k = 0; k < snaps.size(); ++k) {
+      placed.push_back({k, HashAt(hashes, snaps[k], 32)});
+    }
     return Commit(s, ns, r->reservation_id(), parent, hashes, placed);
   }
   v1::NamespaceInfo Info(const std::string& name) {
@@ -131,9 +140,10 @@ TEST_F(TierObserverTest, SeesExactlyTheCommitsAndEvictionsStatsReports) {
   const uint64_t att =
       Attach(s, "att", AttentionLayout(), 0, 12).namespace_id();
   const std::string a = RandomHashes(8, 32, 1), b = RandomHashes(4, 32, 2);
-  ASSERT_TRUE(Put(s, att, "", a).ok());
-  ASSERT_TRUE(Put(s, att, "", b).ok());
-  ASSERT_TRUE(Put(s, att, HashAt(a, 7, 32), RandomHashes(6, 32, 3)).ok());
+  ASSERT_OK(Put(s, att, "", a));
+  ASSERT_OK(Put(s, att, "", b));
+  // Evicts a's tail (the least recently used) to extend b.
+  ASSERT_OK(Put(s, att, HashAt(b, 3, 32), RandomHashes(6, 32, 3)));
   {
     // A mirror of 3 rows, 2 of them adopted under new hashes.
     auto m = Reserve(s, att, 3);
@@ -148,9 +158,9 @@ TEST_F(TierObserverTest, SeesExactlyTheCommitsAndEvictionsStatsReports) {
     v1::CommitResponse resp;
     ASSERT_TRUE(core_->Commit(req, &resp).ok());
   }
-  ASSERT_TRUE(Put(s, att, "", RandomHashes(5, 32, 5)).ok());
+  ASSERT_OK(Put(s, att, "", RandomHashes(5, 32, 5)));
   const std::string c = RandomHashes(3, 32, 6);
-  ASSERT_TRUE(Put(s, att, "", c).ok());
+  ASSERT_OK(Put(s, att, "", c));
   {
     v1::DropRequest drop;
     drop.set_namespace_("att");
@@ -167,14 +177,14 @@ TEST_F(TierObserverTest, SeesExactlyTheCommitsAndEvictionsStatsReports) {
   const uint64_t hyb = Attach(r0, "hyb", tp2, 0, 10, 3).namespace_id();
   ASSERT_EQ(Attach(r1, "hyb", tp2, 1, 10, 3).namespace_id(), hyb);
   // Rank 0 only, and the least recently used: evicted first.
-  ASSERT_TRUE(Put(r0, hyb, "", RandomHashes(3, 32, 9)).ok());
+  ASSERT_OK(Put(r0, hyb, "", RandomHashes(3, 32, 9)));
   const std::string x = RandomHashes(4, 32, 7), y = RandomHashes(4, 32, 8);
   for (const uint64_t r : {r0, r1}) {
-    ASSERT_TRUE(Put(r, hyb, "", x, {1, 3}).ok());
-    ASSERT_TRUE(Put(r, hyb, "", y, {3}).ok());
+    ASSERT_OK(Put(r, hyb, "", x, {1, 3}));
+    ASSERT_OK(Put(r, hyb, "", y, {3}));
   }
   for (const uint64_t r : {r0, r1}) {
-    ASSERT_TRUE(Put(r, hyb, "", RandomHashes(5, 32, 10), {2, 4}).ok());
+    ASSERT_OK(Put(r, hyb, "", RandomHashes(5, 32, 10), {2, 4}));
   }
 
   for (const std::string name : {"att", "hyb"}) {

@@ -21,6 +21,7 @@ target_link_libraries(kvtier_block_hash
 add_library(kvtier_transfer STATIC
   ${_kvtier_client_dir}/transfer_plan.cc
   ${_kvtier_client_dir}/transfer_plan_copies.cc
+  ${_kvtier_client_dir}/transfer_plan_slices.cc
   ${_kvtier_client_dir}/transfer_plan_groups.cc
   ${_kvtier_client_dir}/transfer_engine.cc
   ${_kvtier_client_dir}/transfer_checks.cc

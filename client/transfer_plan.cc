@@ -1,5 +1,7 @@
-// Validation of pool descriptors and host banks, and slicing of transfers
-// into copy-kernel parameter blocks.
+// TransferPlan::Create: validation of a pool descriptor against the host
+// banks, and the plan built from them (segment tables, staging layout,
+// path), one step at a time. The per-transfer work is in
+// transfer_plan_slices.cc and transfer_plan_copies.cc.
 //
 // Thread-safety: see transfer_plan.h (immutable after Create).
 
@@ -17,7 +19,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "client/pool.h"
 #include "client/transfer_plan_groups.h"
@@ -26,8 +27,6 @@
 namespace kvtier::client {
 namespace {
 
-using kernels::CopyDirection;
-using kernels::PageCopyParams;
 using kernels::PageCopySegment;
 
 // A set of `count` equal-sized blocks `stride` apart: a pool tensor's pages,
@@ -172,43 +171,55 @@ void AppendSegments(absl::Span<const PoolTensor> tensors,
   }
 }
 
-void FillHeader(CopyDirection direction, uint32_t items,
-                absl::Span<const PageCopySegment> segments, uint32_t chunks,
-                uint32_t max_ctas, PageCopyParams* p) {
-  p->header.num_items = items;
-  p->header.num_segments = static_cast<uint32_t>(segments.size());
-  p->header.direction = direction;
-  p->header.max_ctas = max_ctas;
-  p->header.chunks_per_item = chunks;
-  p->header.reserved = 0;
-  std::copy(segments.begin(), segments.end(), p->segments);
-}
-
-// Returns INVALID_ARGUMENT if a value of `values` repeats.
-absl::Status CheckDistinct(absl::string_view field,
-                           absl::Span<const uint32_t> values) {
-  std::vector<std::pair<uint32_t, uint32_t>> sorted;  // (value, index)
-  sorted.reserve(values.size());
-  for (size_t i = 0; i < values.size(); ++i) {
-    sorted.emplace_back(values[i], static_cast<uint32_t>(i));
-  }
-  std::sort(sorted.begin(), sorted.end());
-  for (size_t i = 1; i < sorted.size(); ++i) {
-    if (sorted[i].first == sorted[i - 1].first) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, "[", sorted[i].second, "] = ", sorted[i].first,
-                       " repeats ", field, "[", sorted[i - 1].second,
-                       "]: destinations of one transfer must be distinct"));
-    }
-  }
-  return absl::OkStatus();
+// The page banks' names, ", "-separated, for messages.
+std::string BankNames(absl::Span<const NamedHostBank> page_banks) {
+  std::vector<std::string> names;
+  for (const NamedHostBank& b : page_banks) names.push_back(b.first);
+  return absl::StrJoin(names, ", ");
 }
 
 }  // namespace
 
+struct TransferPlan::Extents {
+  std::vector<Extent> tensors;  // pool tensors and snapshot segments
+  std::vector<Extent> hosts;    // host banks
+};
+
 absl::StatusOr<TransferPlan> TransferPlan::Create(
     const GpuPoolDescriptor& pool, absl::Span<const NamedHostBank> page_banks,
     std::optional<HostBankView> snapshot_bank, const TransferOptions& options) {
+  if (absl::Status s = CheckOptions(options); !s.ok()) return s;
+  if (absl::Status s = CheckPoolShape(pool, page_banks); !s.ok()) return s;
+  Extents extents;
+  absl::StatusOr<std::vector<GroupedBank>> page_groups =
+      CheckPageBanks(pool, page_banks, &extents);
+  if (!page_groups.ok()) return page_groups.status();
+  absl::StatusOr<GroupedBank> snapshot_groups =
+      CheckSnapshotSegments(pool, snapshot_bank, &extents);
+  if (!snapshot_groups.ok()) return snapshot_groups.status();
+  if (absl::Status s = CheckOverlaps(extents); !s.ok()) return s;
+
+  TransferPlan plan;
+  plan.pool_ = pool;
+  // The page banks as the plan addresses them: with page groups, each row's
+  // groups are rows of their own (GroupRows).
+  for (size_t i = 0; i < page_banks.size(); ++i) {
+    plan.page_banks_.emplace_back(page_banks[i].first, (*page_groups)[i].view);
+  }
+  plan.snapshot_bank_ = snapshot_bank;
+  plan.rows_ = plan.page_banks_[0].second.rows;
+  plan.page_groups_ = page_groups->front().groups;
+  plan.max_ctas_ = options.max_ctas;
+  plan.options_ = options;
+  plan.BuildPageSegments();
+  if (absl::Status s = plan.BuildStaging(); !s.ok()) return s;
+  plan.BuildStrided();
+  plan.ChoosePath();
+  if (snapshot_bank) plan.BuildSnapshotSegments(*snapshot_groups);
+  return plan;
+}
+
+absl::Status TransferPlan::CheckOptions(const TransferOptions& options) {
   if (options.max_ctas == 0 || options.max_ctas > kernels::kMaxCtasLimit) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_ctas ", options.max_ctas, " is not in [1, ",
@@ -254,14 +265,17 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
         absl::StrCat("path ", static_cast<uint32_t>(options.path),
                      " is not a TransferPath"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status TransferPlan::CheckPoolShape(
+    const GpuPoolDescriptor& pool, absl::Span<const NamedHostBank> page_banks) {
   if (pool.num_pages == 0) {
     return absl::InvalidArgumentError("num_pages is 0");
   }
   if (page_banks.empty()) {
     return absl::InvalidArgumentError("the namespace has no page banks");
   }
-  std::vector<std::string> names;
-  for (const NamedHostBank& b : page_banks) names.push_back(b.first);
   for (size_t i = 0; i < page_banks.size(); ++i) {
     for (size_t j = 0; j < i; ++j) {
       if (page_banks[i].first == page_banks[j].first) {
@@ -275,11 +289,8 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
     return absl::InvalidArgumentError(
         absl::StrCat("the descriptor describes ", pool.banks.size(),
                      " banks; the namespace has ", page_banks.size(),
-                     " page banks (", absl::StrJoin(names, ", "), ")"));
+                     " page banks (", BankNames(page_banks), ")"));
   }
-
-  std::vector<Extent> tensors;  // pool tensors and snapshot segments
-  std::vector<Extent> hosts;    // host banks
   size_t num_tensors = 0;
   for (const BankPool& b : pool.banks) num_tensors += b.tensors.size();
   if (num_tensors > kMaxPoolTensors) {
@@ -287,6 +298,12 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
         absl::StrCat("the descriptor lists ", num_tensors, " tensors; at most ",
                      kMaxPoolTensors, " are supported"));
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<GroupedBank>> TransferPlan::CheckPageBanks(
+    const GpuPoolDescriptor& pool, absl::Span<const NamedHostBank> page_banks,
+    Extents* extents) {
   std::vector<GroupedBank> page_groups;  // of each page bank
   for (size_t i = 0; i < page_banks.size(); ++i) {
     const BankPool& b = pool.banks[i];
@@ -294,12 +311,12 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
     if (b.bank != page_banks[i].first) {
       return absl::InvalidArgumentError(absl::StrCat(
           what, ".bank is '", b.bank, "'; the namespace's page bank ", i,
-          " is '", page_banks[i].first, "' (banks must be in namespace order: ",
-          absl::StrJoin(names, ", "), ")"));
+          " is '", page_banks[i].first,
+          "' (banks must be in namespace order: ", BankNames(page_banks), ")"));
     }
     const HostBankView& view = page_banks[i].second;
     if (absl::Status s = CheckHostBank(absl::StrCat("page bank '", b.bank, "'"),
-                                       view, &hosts);
+                                       view, &extents->hosts);
         !s.ok()) {
       return s;
     }
@@ -315,8 +332,9 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
     }
     uint64_t sum = 0;
     for (size_t j = 0; j < b.tensors.size(); ++j) {
-      if (absl::Status s = CheckTensor(absl::StrCat(what, ".tensors[", j, "]"),
-                                       b.tensors[j], pool.num_pages, &tensors);
+      if (absl::Status s =
+              CheckTensor(absl::StrCat(what, ".tensors[", j, "]"), b.tensors[j],
+                          pool.num_pages, &extents->tensors);
           !s.ok()) {
         return s;
       }
@@ -333,8 +351,12 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
     }
     page_groups.push_back(*std::move(grouped));
   }
+  return page_groups;
+}
 
-  GroupedBank snapshot_groups;  // of the snapshot bank, when there is one
+absl::StatusOr<GroupedBank> TransferPlan::CheckSnapshotSegments(
+    const GpuPoolDescriptor& pool,
+    const std::optional<HostBankView>& snapshot_bank, Extents* extents) {
   if (pool.snapshot.empty()) {
     if (pool.num_snapshot_slots != 0) {
       return absl::InvalidArgumentError(
@@ -346,47 +368,49 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
           "a snapshot bank is given but the descriptor lists no snapshot "
           "segments");
     }
-  } else {
-    if (pool.snapshot.size() > kMaxPoolTensors) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the descriptor lists ", pool.snapshot.size(),
-          " snapshot segments; at most ", kMaxPoolTensors, " are supported"));
-    }
-    if (pool.num_snapshot_slots == 0) {
-      return absl::InvalidArgumentError(
-          "num_snapshot_slots is 0 but the descriptor lists snapshot "
-          "segments");
-    }
-    if (!snapshot_bank) {
-      return absl::InvalidArgumentError(
-          "the descriptor lists snapshot segments but no snapshot bank is "
-          "given");
-    }
-    if (absl::Status s = CheckHostBank("snapshot bank", *snapshot_bank, &hosts);
+    return GroupedBank{};
+  }
+  if (pool.snapshot.size() > kMaxPoolTensors) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "the descriptor lists ", pool.snapshot.size(),
+        " snapshot segments; at most ", kMaxPoolTensors, " are supported"));
+  }
+  if (pool.num_snapshot_slots == 0) {
+    return absl::InvalidArgumentError(
+        "num_snapshot_slots is 0 but the descriptor lists snapshot "
+        "segments");
+  }
+  if (!snapshot_bank) {
+    return absl::InvalidArgumentError(
+        "the descriptor lists snapshot segments but no snapshot bank is "
+        "given");
+  }
+  if (absl::Status s =
+          CheckHostBank("snapshot bank", *snapshot_bank, &extents->hosts);
+      !s.ok()) {
+    return s;
+  }
+  uint64_t sum = 0;
+  for (size_t k = 0; k < pool.snapshot.size(); ++k) {
+    if (absl::Status s =
+            CheckTensor(absl::StrCat("snapshot[", k, "]"), pool.snapshot[k],
+                        pool.num_snapshot_slots, &extents->tensors);
         !s.ok()) {
       return s;
     }
-    uint64_t sum = 0;
-    for (size_t k = 0; k < pool.snapshot.size(); ++k) {
-      if (absl::Status s =
-              CheckTensor(absl::StrCat("snapshot[", k, "]"), pool.snapshot[k],
-                          pool.num_snapshot_slots, &tensors);
-          !s.ok()) {
-        return s;
-      }
-      tensors.back().snapshot = true;
-      sum += pool.snapshot[k].bytes_per_page;
-    }
-    absl::StatusOr<GroupedBank> grouped =
-        GroupRows("snapshot", *snapshot_bank, sum, kMaxSnapshotGroups);
-    if (!grouped.ok()) return grouped.status();
-    snapshot_groups = *grouped;
+    extents->tensors.back().snapshot = true;
+    sum += pool.snapshot[k].bytes_per_page;
   }
+  return GroupRows("snapshot", *snapshot_bank, sum, kMaxSnapshotGroups);
+}
 
-  // Pairwise overlap: at most ~1.5k extents, once per attach. Snapshot slots
-  // may share memory with pages (vLLM's hybrid manager overlays its Mamba
-  // and attention groups on one allocation; a block belongs to one group at
-  // a time), so only tensors of the same kind are checked against each other.
+absl::Status TransferPlan::CheckOverlaps(const Extents& extents) {
+  const std::vector<Extent>& tensors = extents.tensors;
+  const std::vector<Extent>& hosts = extents.hosts;
+  // Pairwise: at most ~1.5k extents, once per attach. Snapshot slots may
+  // share memory with pages (vLLM's hybrid manager overlays its Mamba and
+  // attention groups on one allocation; a block belongs to one group at a
+  // time), so only tensors of the same kind are checked against each other.
   for (size_t i = 0; i < tensors.size(); ++i) {
     for (size_t j = 0; j < i; ++j) {
       if (tensors[i].snapshot == tensors[j].snapshot &&
@@ -413,177 +437,76 @@ absl::StatusOr<TransferPlan> TransferPlan::Create(
       }
     }
   }
+  return absl::OkStatus();
+}
 
-  // The page banks as the plan addresses them: with page groups, each row's
-  // groups are rows of their own (GroupRows).
-  std::vector<NamedHostBank> banks;
-  for (size_t i = 0; i < page_banks.size(); ++i) {
-    banks.emplace_back(page_banks[i].first, page_groups[i].view);
+void TransferPlan::BuildPageSegments() {
+  for (size_t i = 0; i < pool_.banks.size(); ++i) {
+    AppendSegments(pool_.banks[i].tensors, page_banks_[i].second,
+                   &page_segments_, &page_chunks_);
   }
-  TransferPlan plan;
-  plan.pool_ = pool;
-  plan.page_banks_ = banks;
-  plan.snapshot_bank_ = snapshot_bank;
-  plan.rows_ = banks[0].second.rows;
-  plan.page_groups_ = page_groups.front().groups;
-  plan.max_ctas_ = options.max_ctas;
-  plan.options_ = options;
-  for (size_t i = 0; i < pool.banks.size(); ++i) {
-    AppendSegments(pool.banks[i].tensors, banks[i].second, &plan.page_segments_,
-                   &plan.page_chunks_);
-  }
+}
 
-  // Staging: one region per bank, rows at the bank's own row stride, so a
-  // tensor sits at the same offset (and alignment) in a staged row as in a
-  // host row.
-  StagingLayout& st = plan.staging_;
-  for (const NamedHostBank& b : banks) st.page_bytes += b.second.row_stride;
-  const uint64_t fit = options.staging_bytes / st.page_bytes;
+absl::Status TransferPlan::BuildStaging() {
+  // One region per bank, rows at the bank's own row stride, so a tensor sits
+  // at the same offset (and alignment) in a staged row as in a host row.
+  StagingLayout& st = staging_;
+  for (const NamedHostBank& b : page_banks_)
+    st.page_bytes += b.second.row_stride;
+  const uint64_t fit = options_.staging_bytes / st.page_bytes;
   st.slice_pages = static_cast<uint32_t>(
-      std::min<uint64_t>({fit, kMaxSlicePages, pool.num_pages}));
+      std::min<uint64_t>({fit, kMaxSlicePages, pool_.num_pages}));
   if (st.slice_pages == 0) {
-    if (options.path == TransferPath::kStaged) {
+    if (options_.path == TransferPath::kStaged) {
       return absl::InvalidArgumentError(
-          absl::StrCat("staging_bytes ", options.staging_bytes,
+          absl::StrCat("staging_bytes ", options_.staging_bytes,
                        " cannot hold one page: a page takes ", st.page_bytes,
                        " bytes over all page banks (row strides)"));
     }
     st = StagingLayout{};
-  } else {
-    st.buffer_bytes = st.slice_pages * st.page_bytes;
-    uint64_t region = 0;
-    for (size_t i = 0; i < banks.size(); ++i) {
-      st.region.push_back(region);
-      const HostBankView staged{region, st.slice_pages,
-                                banks[i].second.row_bytes,
-                                banks[i].second.row_stride};
-      uint32_t chunks = 0;
-      AppendSegments(pool.banks[i].tensors, staged, &plan.staged_segments_,
-                     &chunks);
-      region += st.slice_pages * banks[i].second.row_stride;
-    }
-    // chunk_begin continues across banks, as in page_segments_.
-    for (size_t k = 0; k < plan.staged_segments_.size(); ++k) {
-      plan.staged_segments_[k].chunk_begin = plan.page_segments_[k].chunk_begin;
-    }
+    return absl::OkStatus();
   }
-  plan.BuildStrided();
+  st.buffer_bytes = st.slice_pages * st.page_bytes;
+  uint64_t region = 0;
+  for (size_t i = 0; i < page_banks_.size(); ++i) {
+    const HostBankView& bank = page_banks_[i].second;
+    st.region.push_back(region);
+    const HostBankView staged{region, st.slice_pages, bank.row_bytes,
+                              bank.row_stride};
+    uint32_t chunks = 0;
+    AppendSegments(pool_.banks[i].tensors, staged, &staged_segments_, &chunks);
+    region += st.slice_pages * bank.row_stride;
+  }
+  // chunk_begin continues across banks, as in page_segments_.
+  for (size_t k = 0; k < staged_segments_.size(); ++k) {
+    staged_segments_[k].chunk_begin = page_segments_[k].chunk_begin;
+  }
+  return absl::OkStatus();
+}
+
+void TransferPlan::ChoosePath() {
   std::vector<EngineCopy> runs;
   const uint32_t first = 0;
-  plan.PageRuns(absl::MakeConstSpan(&first, 1), absl::MakeConstSpan(&first, 1),
-                &runs);
-  plan.page_runs_ = static_cast<uint32_t>(std::max<size_t>(runs.size(), 1));
+  PageRuns(absl::MakeConstSpan(&first, 1), absl::MakeConstSpan(&first, 1),
+           &runs);
+  page_runs_ = static_cast<uint32_t>(std::max<size_t>(runs.size(), 1));
   uint64_t page_bytes = 0;
   for (const EngineCopy& r : runs) page_bytes += r.bytes;
-  if (options.path == TransferPath::kCopyEngine ||
-      (options.path == TransferPath::kAuto &&
-       page_bytes / plan.page_runs_ >= kMinCopyEngineRunBytes)) {
-    plan.path_ = TransferPath::kCopyEngine;
+  if (options_.path == TransferPath::kCopyEngine ||
+      (options_.path == TransferPath::kAuto &&
+       page_bytes / page_runs_ >= kMinCopyEngineRunBytes)) {
+    path_ = TransferPath::kCopyEngine;
   } else {
-    plan.path_ = options.path == TransferPath::kDirect || st.slice_pages == 0
-                     ? TransferPath::kDirect
-                     : TransferPath::kStaged;
-  }
-  if (snapshot_bank) {
-    AppendSegments(pool.snapshot, snapshot_groups.view,
-                   &plan.snapshot_segments_, &plan.snapshot_chunks_);
-    plan.snapshot_groups_ = snapshot_groups.groups;
-  }
-  return plan;
-}
-
-absl::Status TransferPlan::CheckPages(CopyDirection direction,
-                                      absl::Span<const uint32_t> gpu_pages,
-                                      absl::Span<const uint32_t> rows) const {
-  if (gpu_pages.size() != rows.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "gpu_pages has ", gpu_pages.size(), " entries but rows has ",
-        rows.size(), ": they must have the same length"));
-  }
-  for (size_t i = 0; i < gpu_pages.size(); ++i) {
-    if (gpu_pages[i] >= pool_.num_pages) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "gpu_pages[", i, "] = ", gpu_pages[i],
-          " is out of range: the pool has ", pool_.num_pages, " pages"));
-    }
-    if (rows[i] >= rows_) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "rows[", i, "] = ", rows[i], " is out of range: the page banks have ",
-          rows_, " rows"));
-    }
-  }
-  if (direction == CopyDirection::kToHost) {
-    return CheckDistinct("rows", rows);
-  }
-  return CheckDistinct("gpu_pages", gpu_pages);
-}
-
-void TransferPlan::FillPageSlice(CopyDirection direction,
-                                 absl::Span<const uint32_t> gpu_pages,
-                                 absl::Span<const uint32_t> rows, size_t slice,
-                                 PageCopyParams* params) const {
-  const size_t begin = slice * kMaxSlicePages;
-  const size_t n = std::min<size_t>(kMaxSlicePages, gpu_pages.size() - begin);
-  FillHeader(direction, static_cast<uint32_t>(n), page_segments_, page_chunks_,
-             max_ctas_, params);
-  std::copy_n(gpu_pages.begin() + begin, n, params->gpu_index);
-  std::copy_n(rows.begin() + begin, n, params->host_index);
-}
-
-void TransferPlan::FillSnapshot(CopyDirection direction,
-                                absl::Span<const uint32_t> slots, uint32_t row,
-                                PageCopyParams* params) const {
-  const uint32_t groups = snapshot_groups_;
-  FillHeader(direction, groups, snapshot_segments_, snapshot_chunks_, max_ctas_,
-             params);
-  for (uint32_t g = 0; g < groups; ++g) {
-    params->gpu_index[g] = slots[g];
-    params->host_index[g] = row * groups + g;  // < rows * groups: in range
+    path_ = options_.path == TransferPath::kDirect || staging_.slice_pages == 0
+                ? TransferPath::kDirect
+                : TransferPath::kStaged;
   }
 }
 
-std::vector<uint32_t> TransferPlan::StagedSlices(CopyDirection direction,
-                                                 size_t num_pages) const {
-  const uint32_t full = staging_.slice_pages;
-  std::vector<uint32_t> sizes;
-  // Ramp: the first slice (options_.first_slice_bytes, else
-  // kAutoFirstSliceBytes), then doubling up to a full buffer.
-  const uint64_t first_bytes = options_.first_slice_bytes == 0
-                                   ? kAutoFirstSliceBytes
-                                   : options_.first_slice_bytes;
-  const uint64_t first_pages =
-      first_bytes / std::max<uint64_t>(1, staging_.page_bytes);
-  uint32_t next = static_cast<uint32_t>(
-      std::clamp<uint64_t>(first_pages, 1, std::max<uint32_t>(1, full)));
-  for (size_t left = num_pages; left > 0;) {
-    const uint32_t n = static_cast<uint32_t>(std::min<size_t>(next, left));
-    sizes.push_back(n);
-    left -= n;
-    next = std::min(full, 2 * next);
-  }
-  if (direction == CopyDirection::kFromHost) {
-    std::reverse(sizes.begin(), sizes.end());
-  }
-  return sizes;
-}
-
-void TransferPlan::FillStagedSlice(CopyDirection direction,
-                                   absl::Span<const uint32_t> gpu_pages,
-                                   size_t begin, size_t count,
-                                   uint64_t staging_base,
-                                   PageCopyParams* params, bool edge) const {
-  const uint32_t ctas =
-      edge ? std::max(options_.staging_ctas, options_.edge_slice_ctas)
-           : options_.staging_ctas;
-  FillHeader(direction, static_cast<uint32_t>(count), staged_segments_,
-             page_chunks_, ctas, params);
-  for (uint32_t k = 0; k < params->header.num_segments; ++k) {
-    params->segments[k].host_base += staging_base;
-  }
-  std::copy_n(gpu_pages.begin() + begin, count, params->gpu_index);
-  for (size_t i = 0; i < count; ++i) {
-    params->host_index[i] = static_cast<uint32_t>(i);
-  }
+void TransferPlan::BuildSnapshotSegments(const GroupedBank& snapshot) {
+  AppendSegments(pool_.snapshot, snapshot.view, &snapshot_segments_,
+                 &snapshot_chunks_);
+  snapshot_groups_ = snapshot.groups;
 }
 
 }  // namespace kvtier::client

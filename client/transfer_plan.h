@@ -44,6 +44,8 @@
 
 namespace kvtier::client {
 
+struct GroupedBank;  // client/transfer_plan_groups.h
+
 // Most pages one kernel launch copies. A transfer of N pages takes
 // ceil(N / kMaxSlicePages) launches.
 inline constexpr uint32_t kMaxSlicePages = 128;
@@ -376,6 +378,68 @@ class TransferPlan {
  private:
   TransferPlan() = default;
 
+  // Create's steps (transfer_plan.cc), in the order it takes them. Each
+  // check returns the first of Create's INVALID_ARGUMENT errors that its part
+  // of the input gives; the builders fill a plan whose inputs passed every
+  // check.
+  struct Extents;  // address ranges checked so far (transfer_plan.cc)
+
+  // Returns OK if every field of `options` is in range (Create's last
+  // bullet, but for the page fitting staging_bytes: BuildStaging).
+  static absl::Status CheckOptions(const TransferOptions& options);
+  // Returns OK if `pool` has pages and as many banks as `page_banks` (which
+  // is not empty and repeats no name), and lists at most kMaxPoolTensors
+  // tensors over all banks. Says nothing of the banks themselves
+  // (CheckPageBanks).
+  static absl::Status CheckPoolShape(
+      const GpuPoolDescriptor& pool,
+      absl::Span<const NamedHostBank> page_banks);
+  // Checks page bank i against pool.banks[i], for each i in order: its name,
+  // its host view, its rows against bank 0's, then its tensors (each of
+  // num_pages pages), which must add up to its row_bytes or a divisor of it
+  // (GroupRows) with as many groups as bank 0. Appends the bank's and its
+  // tensors' address ranges to `*extents`. Returns each bank as the plan
+  // addresses it: a row of K page groups seen as K rows.
+  // REQUIRES: CheckPoolShape(pool, page_banks).ok().
+  static absl::StatusOr<std::vector<GroupedBank>> CheckPageBanks(
+      const GpuPoolDescriptor& pool, absl::Span<const NamedHostBank> page_banks,
+      Extents* extents);
+  // Checks that snapshot segments, slots and a snapshot bank come all
+  // together or not at all; with them, the bank's view and each segment (of
+  // num_snapshot_slots slots), whose bytes must add up to the bank's
+  // row_bytes or a divisor of it (GroupRows). Appends their address ranges
+  // to `*extents`. Returns the snapshot bank as the plan addresses it (a row
+  // of K snapshot groups seen as K rows), or a default GroupedBank when the
+  // pool has no snapshot.
+  static absl::StatusOr<GroupedBank> CheckSnapshotSegments(
+      const GpuPoolDescriptor& pool,
+      const std::optional<HostBankView>& snapshot_bank, Extents* extents);
+  // Returns OK if no two of `extents` share a byte: pool tensors against
+  // tensors of their own kind (pages, or snapshot segments: those two may
+  // overlay each other) and against every host bank, host banks against one
+  // another.
+  static absl::Status CheckOverlaps(const Extents& extents);
+
+  // Fills page_segments_ and page_chunks_: pool_'s tensors against
+  // page_banks_, chunk numbers running on across banks.
+  void BuildPageSegments();
+  // Fills staging_ and staged_segments_ from page_banks_, pool_ and
+  // options_: one region per bank, as many pages as fit staging_bytes (at
+  // most kMaxSlicePages and num_pages). Where not one page fits, leaves
+  // staging_ empty (slice_pages 0), or returns INVALID_ARGUMENT if
+  // options_.path is kStaged. REQUIRES: BuildPageSegments() ran.
+  absl::Status BuildStaging();
+  // Groups page_segments_ into strided_ (transfer_plan_copies.cc).
+  void BuildStrided();
+  // Sets page_runs_ (the copy-engine runs of page 0 into row 0) and path_:
+  // kAuto resolved to kCopyEngine where those runs average at least
+  // kMinCopyEngineRunBytes, else to kStaged where staging_ holds a page,
+  // else to kDirect. REQUIRES: BuildStaging() and BuildStrided() ran.
+  void ChoosePath();
+  // Fills snapshot_segments_, snapshot_chunks_ and snapshot_groups_ against
+  // `snapshot`, the snapshot bank as CheckSnapshotSegments returned it.
+  void BuildSnapshotSegments(const GroupedBank& snapshot);
+
   // Immutable after Create.
   GpuPoolDescriptor pool_;
   std::vector<NamedHostBank> page_banks_;
@@ -405,8 +469,6 @@ class TransferPlan {
     uint64_t pitch = 0;
   };
   std::vector<Strided> strided_;
-  // Groups page_segments_ into strided_ (transfer_plan_copies.cc).
-  void BuildStrided();
 };
 
 }  // namespace kvtier::client

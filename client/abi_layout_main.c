@@ -44,9 +44,10 @@ static void constant(const char* name, long value) {
 }
 #define CONSTANT(c) constant(#c, (long)(c))
 
-int main(void) {
-  printf("{\"api_version\": %d,\n  \"structs\": {", KVT_API_VERSION);
+/* The structs of kvtier.h, section by section, in the header's order. */
 
+/* Namespaces: layouts, attach options, bank mappings. */
+static void namespace_structs(void) {
   BEGIN(kvt_bank_layout);
   FIELD(kvt_bank_layout, name);
   FIELD(kvt_bank_layout, row_bytes);
@@ -86,7 +87,10 @@ int main(void) {
   FIELD(kvt_bank_info, cuda_registered);
   FIELD(kvt_bank_info, huge_pages);
   end_struct();
+}
 
+/* Commits: snapshot placements and the result. */
+static void commit_structs(void) {
   BEGIN(kvt_snapshot_placement);
   FIELD(kvt_snapshot_placement, index);
   FIELD(kvt_snapshot_placement, hash);
@@ -98,7 +102,10 @@ int main(void) {
   FIELD(kvt_commit_result, committed_snapshots);
   FIELD(kvt_commit_result, deduplicated_snapshots);
   end_struct();
+}
 
+/* Transfers: the GPU pool descriptor. */
+static void pool_structs(void) {
   BEGIN(kvt_pool_tensor);
   FIELD(kvt_pool_tensor, base);
   FIELD(kvt_pool_tensor, page_stride);
@@ -120,7 +127,10 @@ int main(void) {
   FIELD(kvt_pool, num_snapshot_tensors);
   FIELD(kvt_pool, num_snapshot_slots);
   end_struct();
+}
 
+/* Device pools. */
+static void device_pool_structs(void) {
   BEGIN(kvt_device_pool_info);
   FIELD(kvt_device_pool_info, device_ordinal);
   FIELD(kvt_device_pool_info, pci_bus_id);
@@ -131,7 +141,10 @@ int main(void) {
   FIELD(kvt_device_pool_info, row_stride);
   FIELD(kvt_device_pool_info, withheld);
   end_struct();
+}
 
+/* Mirrors. */
+static void mirror_structs(void) {
   BEGIN(kvt_mirror_entry);
   FIELD(kvt_mirror_entry, logical);
   FIELD(kvt_mirror_entry, slot);
@@ -148,15 +161,19 @@ int main(void) {
   FIELD(kvt_mirror_options, store_ctas);
   FIELD(kvt_mirror_options, backend);
   end_struct();
+}
 
+/* Cluster tier. */
+static void cluster_structs(void) {
   BEGIN(kvt_prefetch_result);
   FIELD(kvt_prefetch_result, local_pages);
   FIELD(kvt_prefetch_result, remote_pages);
   FIELD(kvt_prefetch_result, prefetching_pages);
   end_struct();
+}
 
-  printf("\n  },\n  \"enum_size\": %zu,\n  \"constants\": {",
-         sizeof(kvt_status));
+/* The status codes, hash kinds and backends. */
+static void constants(void) {
   CONSTANT(KVT_OK);
   CONSTANT(KVT_CANCELLED);
   CONSTANT(KVT_UNKNOWN);
@@ -178,6 +195,19 @@ int main(void) {
   CONSTANT(KVT_HASH_XXH3_128);
   CONSTANT(KVT_BACKEND_CUDA);
   CONSTANT(KVT_BACKEND_REFERENCE);
+}
+
+int main(void) {
+  printf("{\"api_version\": %d,\n  \"structs\": {", KVT_API_VERSION);
+  namespace_structs();
+  commit_structs();
+  pool_structs();
+  device_pool_structs();
+  mirror_structs();
+  cluster_structs();
+  printf("\n  },\n  \"enum_size\": %zu,\n  \"constants\": {",
+         sizeof(kvt_status));
+  constants();
   printf("\n  }\n}\n");
   return 0;
 }

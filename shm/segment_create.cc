@@ -73,6 +73,114 @@ absl::Status PopulateWrite(void* addr, uint64_t bytes, bool huge_pages) {
   return absl::OkStatus();
 }
 
+// Creates a file for `file_name` in `dir` under a fresh temporary name
+// (O_EXCL, mode 0600, close-on-exec), trying another name while one is
+// taken, 100 times at most. Returns its descriptor and sets *temp_path to
+// its path, also on failure (the last name tried).
+absl::StatusOr<int> CreateTempFile(const std::string& dir,
+                                   const std::string& file_name,
+                                   std::string* temp_path) {
+  int raw_fd = -1;
+  for (int attempt = 0; raw_fd < 0; ++attempt) {
+    *temp_path = JoinPath(
+        dir, TempSegmentName(file_name, getpid(), temp_counter.fetch_add(1)));
+    raw_fd =
+        open(temp_path->c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (raw_fd < 0 && (errno != EEXIST || attempt >= 100)) {
+      return absl::ErrnoToStatus(errno,
+                                 absl::StrCat("create '", *temp_path, "'"));
+    }
+  }
+  return raw_fd;
+}
+
+// Gives the fresh file `fd` (at `path`) options.mode, options.group unless
+// that is -1, and a size of `file_bytes`.
+absl::Status SetModeAndSize(int fd, const std::string& path,
+                            uint64_t file_bytes,
+                            const SegmentOptions& options) {
+  // fchmod rather than open's mode: the umask must not weaken 0660.
+  if (fchmod(fd, options.mode) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("fchmod '", path, "'"));
+  }
+  if (options.group != static_cast<gid_t>(-1) &&
+      fchown(fd, static_cast<uid_t>(-1), options.group) != 0) {
+    return absl::ErrnoToStatus(
+        errno, absl::StrCat("fchown '", path, "' to group ", options.group));
+  }
+  if (ftruncate(fd, static_cast<off_t>(file_bytes)) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("ftruncate '", path, "' to ",
+                                                   file_bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+// Binds the mapping [addr, addr + file_bytes) of `fd` (at `path`) to
+// options.numa_node (if >= 0) and, with options.populate, allocates every
+// page of the file and faults it into the mapping.
+absl::Status PlacePages(int fd, void* addr, const std::string& path,
+                        uint64_t file_bytes, bool huge_pages,
+                        const SegmentOptions& options) {
+  if (options.numa_node >= 0) {
+    if (absl::Status st = BindToNode(addr, file_bytes, options.numa_node,
+                                     /*move=*/false);
+        !st.ok()) {
+      return absl::Status(st.code(),
+                          absl::StrCat("'", path, "': ", st.message()));
+    }
+  }
+  if (!options.populate) return absl::OkStatus();
+  // Allocates every page now (on hugetlbfs: takes them from the pool, of the
+  // bound node), so lack of memory is an error here rather than a SIGBUS in
+  // an engine.
+  int rc;
+  do {
+    rc = fallocate(fd, 0, 0, static_cast<off_t>(file_bytes));
+  } while (rc != 0 && errno == EINTR);
+  if (rc != 0 && errno != EOPNOTSUPP && errno != ENOSYS) {
+    return absl::ErrnoToStatus(
+        errno,
+        absl::StrCat("fallocate ", file_bytes, " bytes for '", path, "'",
+                     options.numa_node >= 0
+                         ? absl::StrCat(" on NUMA node ", options.numa_node)
+                         : ""));
+  }
+  // Faults every page into this mapping (and, where fallocate was not
+  // supported, allocates it).
+  if (absl::Status st = PopulateWrite(addr, file_bytes, huge_pages); !st.ok()) {
+    return absl::Status(st.code(),
+                        absl::StrCat("'", path, "': ", st.message()));
+  }
+  return absl::OkStatus();
+}
+
+// Writes the bank header of `spec` at `base`, the start of a zero-filled
+// mapping of the whole file, with state set to ready last (release), after
+// every other field.
+void WriteHeader(uint8_t* base, const SegmentSpec& spec, uint64_t row_stride,
+                 uint64_t file_bytes, bool huge_pages) {
+  // The file is zero-filled; value-initialisation writes state=initialising.
+  auto* header = ::new (base) BankHeader{};
+  header->magic = kMagic;
+  header->version = kHeaderVersion;
+  header->header_bytes = kHeaderBytes;
+  header->rows = spec.rows;
+  header->row_bytes = spec.row_bytes;
+  header->row_stride = row_stride;
+  header->data_offset = kHeaderBytes;
+  header->file_bytes = file_bytes;
+  header->rank = spec.rank;
+  header->flags = huge_pages ? kFlagHugePages : 0;
+  header->created_unix_ns = UnixNanos();
+  std::memcpy(header->layout_fingerprint, spec.layout_fingerprint.data(),
+              sizeof(header->layout_fingerprint));
+  std::memcpy(header->namespace_name, spec.namespace_name.data(),
+              spec.namespace_name.size());
+  std::memcpy(header->bank, spec.bank.data(), spec.bank.size());
+  // Last write, after population and every other field.
+  header->state.store(kStateReady, std::memory_order_release);
+}
+
 }  // namespace
 
 // Creation steps that need Segment's private members.
@@ -122,34 +230,15 @@ absl::StatusOr<Segment> SegmentCreator::CreateIn(
 
   // A private name: nobody opens a segment that is still being built.
   std::string temp_path;
-  int raw_fd = -1;
-  for (int attempt = 0; raw_fd < 0; ++attempt) {
-    temp_path = JoinPath(dir, TempSegmentName(spec.file_name, getpid(),
-                                              temp_counter.fetch_add(1)));
-    raw_fd =
-        open(temp_path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (raw_fd < 0 && (errno != EEXIST || attempt >= 100)) {
-      return absl::ErrnoToStatus(errno,
-                                 absl::StrCat("create '", temp_path, "'"));
-    }
-  }
-  UniqueFd fd(raw_fd);
+  absl::StatusOr<int> raw_fd = CreateTempFile(dir, spec.file_name, &temp_path);
+  if (!raw_fd.ok()) return raw_fd.status();
+  UniqueFd fd(*raw_fd);
   absl::Cleanup remove_temp = [&temp_path] { unlink(temp_path.c_str()); };
 
-  // fchmod rather than open's mode: the umask must not weaken 0660.
-  if (fchmod(fd.get(), options.mode) != 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("fchmod '", temp_path, "'"));
-  }
-  if (options.group != static_cast<gid_t>(-1) &&
-      fchown(fd.get(), static_cast<uid_t>(-1), options.group) != 0) {
-    return absl::ErrnoToStatus(
-        errno,
-        absl::StrCat("fchown '", temp_path, "' to group ", options.group));
-  }
-  if (ftruncate(fd.get(), static_cast<off_t>(file_bytes)) != 0) {
-    return absl::ErrnoToStatus(
-        errno,
-        absl::StrCat("ftruncate '", temp_path, "' to ", file_bytes, " bytes"));
+  if (absl::Status st =
+          SetModeAndSize(fd.get(), temp_path, file_bytes, options);
+      !st.ok()) {
+    return st;
   }
   // Mapped before anything is allocated, so that a NUMA binding is in place
   // for every page fallocate and population allocate.
@@ -161,59 +250,12 @@ absl::StatusOr<Segment> SegmentCreator::CreateIn(
         absl::StrCat("mmap ", file_bytes, " bytes of '", temp_path, "'"));
   }
   UniqueMapping mapping(addr, file_bytes);
-  if (options.numa_node >= 0) {
-    if (absl::Status st = BindToNode(addr, file_bytes, options.numa_node,
-                                     /*move=*/false);
-        !st.ok()) {
-      return absl::Status(st.code(),
-                          absl::StrCat("'", temp_path, "': ", st.message()));
-    }
+  if (absl::Status st = PlacePages(fd.get(), addr, temp_path, file_bytes,
+                                   huge_pages, options);
+      !st.ok()) {
+    return st;
   }
-  if (options.populate) {
-    // Allocates every page now (on hugetlbfs: takes them from the pool, of
-    // the bound node), so lack of memory is an error here rather than a
-    // SIGBUS in an engine.
-    int rc;
-    do {
-      rc = fallocate(fd.get(), 0, 0, static_cast<off_t>(file_bytes));
-    } while (rc != 0 && errno == EINTR);
-    if (rc != 0 && errno != EOPNOTSUPP && errno != ENOSYS) {
-      return absl::ErrnoToStatus(
-          errno,
-          absl::StrCat("fallocate ", file_bytes, " bytes for '", temp_path, "'",
-                       options.numa_node >= 0
-                           ? absl::StrCat(" on NUMA node ", options.numa_node)
-                           : ""));
-    }
-    // Faults every page into this mapping (and, where fallocate was not
-    // supported, allocates it).
-    if (absl::Status st = PopulateWrite(addr, file_bytes, huge_pages);
-        !st.ok()) {
-      return absl::Status(st.code(),
-                          absl::StrCat("'", temp_path, "': ", st.message()));
-    }
-  }
-
-  // The file is zero-filled; value-initialisation writes state=initialising.
-  auto* header = ::new (mapping.get()) BankHeader{};
-  header->magic = kMagic;
-  header->version = kHeaderVersion;
-  header->header_bytes = kHeaderBytes;
-  header->rows = spec.rows;
-  header->row_bytes = spec.row_bytes;
-  header->row_stride = row_stride;
-  header->data_offset = kHeaderBytes;
-  header->file_bytes = file_bytes;
-  header->rank = spec.rank;
-  header->flags = huge_pages ? kFlagHugePages : 0;
-  header->created_unix_ns = UnixNanos();
-  std::memcpy(header->layout_fingerprint, spec.layout_fingerprint.data(),
-              sizeof(header->layout_fingerprint));
-  std::memcpy(header->namespace_name, spec.namespace_name.data(),
-              spec.namespace_name.size());
-  std::memcpy(header->bank, spec.bank.data(), spec.bank.size());
-  // Last write, after population and every other field.
-  header->state.store(kStateReady, std::memory_order_release);
+  WriteHeader(mapping.get(), spec, row_stride, file_bytes, huge_pages);
 
   // Publish: link(2) fails with EEXIST if the name exists, so exactly one
   // racing creator wins and the name never shows a half-built segment.

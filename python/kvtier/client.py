@@ -1,6 +1,7 @@
 """Python handles over libkvtier's C ABI: Client, Namespace, Lease, Reservation,
 PendingCommit and Transfer (mirrors and device pools: kvtier.mirror,
-kvtier.device_pool).
+kvtier.device_pool; the handle base and Lease live below all three, in
+_handle.py and _lease.py, and Lease is re-exported here).
 
     with kvtier.Client(socket=path, name="engine-0") as client:
         ns = client.attach("llama-8b", layout, page_rows=4096)
@@ -40,48 +41,16 @@ from collections.abc import Iterable, Sequence
 from ctypes import byref, c_size_t, c_void_p
 
 from . import _lib
+from ._handle import _Handle
+from ._lease import Lease
 from ._types import (HASH_KINDS, BankInfo, BankLayout, CommitResult,  # noqa: F401
                      Layout, PoolDescriptor, PoolTensorSpec, PrefetchResult,
                      _after_handle,
                      _backend, _c_pool, _commit_result, _join_hashes,
                      _stream_handle, _tokens_array)
+from .device_pool import DevicePool, device_pool_infos
 from .errors import check
-
-
-class _Handle:
-    """Owns one C handle; subclasses say how to free it."""
-
-    _ptr: c_void_p | None = None
-
-    @property
-    def closed(self) -> bool:
-        return self._ptr is None
-
-    def _need(self) -> c_void_p:
-        if self._ptr is None:
-            raise ValueError(f"{type(self).__name__} is closed")
-        return self._ptr
-
-    def _take(self) -> c_void_p:
-        ptr = self._need()
-        self._ptr = None
-        return ptr
-
-    def close(self) -> None:  # pragma: no cover - overridden
-        raise NotImplementedError
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            if self._ptr is not None:
-                self.close()
-        except Exception:  # interpreter shutdown: the library may be gone
-            pass
+from .mirror import Mirror
 
 
 class Client(_Handle):
@@ -311,7 +280,6 @@ class Namespace(_Handle):
         """The daemon's device pools (kvtier.DevicePoolInfo) as the first
         attach reported them; empty unless kvtierd runs with
         --device_pool_bytes."""
-        from .device_pool import device_pool_infos
         return device_pool_infos(self)
 
     @property
@@ -323,7 +291,6 @@ class Namespace(_Handle):
     def open_device_pool(self, index: int):
         """Opens device pool `index` on the current CUDA device (its GPU):
         a kvtier.DevicePool. See kvt_device_pool_open for the errors."""
-        from .device_pool import DevicePool
         return self._adopt(DevicePool(self, index))
 
     def mirror(self, pool, *, logical_pages: int, max_batch: int,
@@ -333,7 +300,6 @@ class Namespace(_Handle):
         """A write-through mirror of `logical_pages` pages over `pool` (a
         PoolDescriptor or kvtier.TorchPool): a kvtier.Mirror. gpu_slots
         defaults to the pool's page count."""
-        from .mirror import Mirror
         return self._adopt(Mirror(
             self, pool, logical_pages=logical_pages,
             gpu_slots=gpu_slots, max_batch=max_batch,
@@ -380,45 +346,6 @@ class Namespace(_Handle):
         for child in list(self._children):
             child.close()
         _lib.load().kvt_namespace_close(self._take())
-
-
-class Lease(_Handle):
-    """The answer of a lookup. `rows` are the page rows of pages
-    [0, usable_pages); with a snapshot, `snapshot_row` holds the state after
-    page usable_pages-1. Release after the copies that read the rows: use
-    release(stream) when they are queued on a CUDA stream. The context
-    manager releases now if not released yet."""
-
-    def __init__(self, ns: Namespace, ptr: c_void_p):
-        self._ns = ns
-        self._ptr = ptr
-        lib = _lib.load()
-        self.matched_pages = lib.kvt_lease_matched_pages(ptr)
-        self.usable_pages = lib.kvt_lease_usable_pages(ptr)
-        rows = lib.kvt_lease_rows(ptr)
-        self.rows = [rows[i] for i in range(self.usable_pages)] if rows else []
-        self.has_snapshot = bool(lib.kvt_lease_has_snapshot(ptr))
-        self.snapshot_row = lib.kvt_lease_snapshot_row(ptr) if self.has_snapshot else None
-        # The same snapshot in the device pool the lookup named (pinned with
-        # the lease): restore it device-to-device (DevicePool.restore_snapshot).
-        self.has_device_snapshot = bool(lib.kvt_lease_has_device_snapshot(ptr))
-        self.device_snapshot_row = (lib.kvt_lease_device_snapshot_row(ptr)
-                                    if self.has_device_snapshot else None)
-        # From a remote lookup (0 otherwise): the pages past matched_pages
-        # that the cluster tier holds, and those a running prefetch brings
-        # in (neither pinned nor in rows yet; Namespace.prefetch).
-        self.remote_pages = lib.kvt_lease_remote_pages(ptr)
-        self.prefetching_pages = lib.kvt_lease_prefetching_pages(ptr)
-
-    def release(self, stream=None) -> None:
-        """Releases the pin now (stream None) or once `stream`'s queued work
-        has finished, without blocking. Idempotent."""
-        if self._ptr is None:
-            return
-        check(_lib.load().kvt_lease_release(self._take(), c_void_p(_after_handle(stream))),
-              "kvt_lease_release")
-
-    close = release
 
 
 class PendingCommit(_Handle):

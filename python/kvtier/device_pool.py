@@ -28,8 +28,9 @@ import dataclasses
 from ctypes import byref, c_void_p
 
 from . import _lib
+from ._handle import _Handle
+from ._lease import Lease
 from ._types import _stream_handle
-from .client import Lease, _Handle
 from .errors import check
 
 

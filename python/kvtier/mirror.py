@@ -34,9 +34,10 @@ from collections.abc import Sequence
 from ctypes import byref, c_void_p
 
 from . import _lib
+from ._handle import _Handle
 from ._types import (CommitResult, _backend, _c_pool, _commit_result,
                      _join_hashes, _stream_handle)
-from .client import _Handle
+from .device_pool import cuda_tensor
 from .errors import check
 
 
@@ -174,7 +175,6 @@ class Mirror(_Handle):
         for fn in (lib.kvt_mirror_store_drops, lib.kvt_mirror_ensure_drops):
             address = fn(self._need())
             if self.backend == "cuda":
-                from .device_pool import cuda_tensor
                 out.append(cuda_tensor(address, (1,), typestr="<i8", owner=self))
             else:
                 buf = (ctypes.c_int64 * 1).from_address(address)

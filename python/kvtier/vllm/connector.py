@@ -5,7 +5,8 @@
         "kv_connector_extra_config": {"socket": "/run/kvtier/kvtierd.sock"}}'
 
 A thin adapter: vLLM's hooks are translated to the vLLM-free scheduler
-(scheduler.py) and worker (worker.py) halves. It subclasses
+(scheduler.py) and worker (worker.py) halves, whose jobs and reports
+(data.py) ride in this module's connector metadata. It subclasses
 KVConnectorBase_V1 directly (not an OffloadingSpec under vLLM's
 OffloadingConnector) because kvtier's index lives in the daemon, shared by
 every engine of the node: lookups pin rows with leases, stores are
@@ -53,10 +54,11 @@ except ImportError:  # older vLLM
     CacheHitSource = None
 
 from .config import ConnectorConfig
+from .data import LoadJob, StepReport, StoreJob
 from .layout import (CacheDescription, Group, NamespaceIdentity, Placement, Ranks,
                      namespace_layout)
 from .scheduler import KvtierScheduler
-from .worker import KvtierWorker, LoadJob, StepReport, StoreJob
+from .worker import KvtierWorker
 
 log = logging.getLogger("kvtier.vllm")
 
@@ -68,6 +70,7 @@ _ATTENTION_SPECS = tuple(t for t in (FullAttentionSpec, MLAAttentionSpec) if t)
 
 @dataclasses.dataclass
 class KvtierMetadata(KVConnectorMetadata):
+    """The scheduler's jobs of a step (data.py), for every worker."""
     loads: list[LoadJob] = dataclasses.field(default_factory=list)
     stores: list[StoreJob] = dataclasses.field(default_factory=list)
 

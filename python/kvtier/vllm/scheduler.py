@@ -45,12 +45,12 @@ import time
 
 from ..errors import KvtierError
 from .config import ConnectorConfig
+from .data import LoadJob, StepReport, StoreJob
 from .stats import Counters
 from .layout import CacheDescription, Ranks
 from .link import TierLink
 from .tally import RankTally
 from .tenants import TenantMap
-from .worker import LoadJob, StepReport, StoreJob
 
 log = logging.getLogger("kvtier.vllm")
 

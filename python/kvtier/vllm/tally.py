@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from .data import StepReport
 from .layout import Ranks
-from .worker import StepReport
 
 
 class RankTally:

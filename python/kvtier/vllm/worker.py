@@ -44,68 +44,14 @@ import time
 from ..client import Namespace, PendingCommit, PoolDescriptor, PoolTensorSpec
 from ..errors import KvtierError
 from .config import ConnectorConfig
+# The jobs and the report are re-exported: tests import them from here.
+from .data import LoadJob, StepReport, StoreJob  # noqa: F401
 from .stats import Counters
 from .layout import CacheDescription, Ranks
 from .link import TierLink
 from .tenants import TenantMap
 
 log = logging.getLogger("kvtier.vllm")
-
-
-@dataclasses.dataclass(frozen=True)
-class LoadJob:
-    """Copy rows[i] into vLLM block block_ids[i]; with a snapshot, the
-    snapshot row into Mamba blocks snapshot_blocks (one per Mamba group,
-    empty: none). `rows` and `snapshot_row`
-    are rank 0's; with several ranks, `hashes` is the chain of pages
-    [0, first_page + len(block_ids)), from which the other ranks find
-    their own rows (see the module comment)."""
-    req_id: str
-    block_ids: tuple[int, ...]
-    rows: tuple[int, ...]
-    snapshot_blocks: tuple[int, ...] = ()
-    snapshot_row: int | None = None
-    namespace: str | None = None  # None: the engine's namespace
-    first_page: int = 0
-    hashes: tuple[bytes, ...] = ()
-    # Per sliding-window group, its block of each page (0: not loaded, the
-    # page is outside the window vLLM needs).
-    group_blocks: tuple[tuple[int, ...], ...] = ()
-
-
-@dataclasses.dataclass(frozen=True)
-class StoreJob:
-    """Store vLLM blocks block_ids (pages first_page.. of the request) under
-    hashes, below `parent` (None: from the first page); with
-    snapshot_blocks, the Mamba blocks (one per group) holding the state
-    after the last page."""
-    req_id: str
-    first_page: int
-    block_ids: tuple[int, ...]
-    hashes: tuple[bytes, ...]
-    parent: bytes | None = None
-    snapshot_blocks: tuple[int, ...] = ()
-    # The pages' token ids (config kv_event_tokens), for the daemon's KV
-    # events; empty: none sent.
-    token_ids: tuple[int, ...] = ()
-    namespace: str | None = None  # None: the engine's namespace
-    # Per sliding-window group, its block of each page (all live).
-    group_blocks: tuple[tuple[int, ...], ...] = ()
-
-
-@dataclasses.dataclass
-class StepReport:
-    """What the worker tells the scheduler after a step."""
-    loaded: set[str] = dataclasses.field(default_factory=set)
-    failed_loads: set[str] = dataclasses.field(default_factory=set)
-    # (req_id, first_page, num_pages) of each committed store.
-    stored: list[tuple[str, int, int]] = dataclasses.field(default_factory=list)
-    # (req_id, first_page) of each store that failed.
-    failed_stores: set[tuple[str, int]] = dataclasses.field(default_factory=set)
-    # The namespaces the worker can copy for (attached, with a transfer
-    # engine): the scheduler reports no hits from the others.
-    attached: frozenset[str] = frozenset()
-    rank: int = 0  # the namespace rank of the worker that made it
 
 
 @dataclasses.dataclass

@@ -1,14 +1,8 @@
-"""Reference integration with Hugging Face transformers: a persistent prefix
-cache for causal LMs whose cache is a DynamicCache, attention-only (Llama) or
-hybrid (Qwen3-Next: Gated DeltaNet layers with conv and recurrent states
-beside full-attention layers).
-
-PrefixCachingEngine is a minimal paged serving loop around a transformers
-model, the shape an engine integration takes:
-  - a paged KV pool (per attention layer K and V tensors [pages, page_size,
-    kv_heads, head_dim] on the model's device) that is the engine's own prefix
-    cache, LRU over pages, plus a tiny pool of snapshot slots (per linear
-    layer conv and recurrent state) for hybrid models;
+"""PrefixCachingEngine, the transformers integration's minimal paged
+serving loop around a transformers model, the shape an engine integration
+takes:
+  - a paged KV pool (pool.py) that is the engine's own prefix cache, LRU
+    over pages, plus a tiny pool of snapshot slots for hybrid models;
   - chunked prefill (chunk boundaries at multiples of chunk_tokens, each a
     multiple of the page size); after each chunk the chunk's full pages go
     into the pool and, written through, into kvtier, together with a
@@ -19,296 +13,26 @@ model, the shape an engine integration takes:
     has more of it, is rehydrated from kvtier into free pool pages on the
     current stream (and the snapshot into a slot); then a DynamicCache is built
     from those pages and only the rest of the prompt is computed.
-Because kvtier's daemon owns the rows, a new process with the same model and
-namespace finds every prefix an earlier process stored.
 
 Bit-exactness: restoring copies bytes; the logits of the computed part equal
 those of an uninterrupted run that used the same chunk boundaries (compare
 like with like: a different chunk schedule rounds differently).
-
-This module relies on transformers 5.x cache internals (DynamicLayer.keys/
-values, LinearAttentionLayer.conv_states/recurrent_states/has_previous_state);
-python/requirements.txt pins the tested version.
 
 Thread-safety: an engine serves one request at a time (not thread-safe).
 """
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import inspect
 import time
 from collections.abc import Sequence
 
 import torch
 
-from . import client as kvclient
-from .errors import KvtierError
-from .torch_pool import TorchPool
-
-
-# --------------------------------------------------------------------- model
-
-
-@dataclasses.dataclass(frozen=True)
-class StateSegment:
-    """One recurrent-state tensor of one layer (batch dimension dropped)."""
-    layer: int
-    kind: str  # "conv" or "recurrent"
-    index: int  # state_idx within the layer
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-
-
-@dataclasses.dataclass(frozen=True)
-class StateSpec:
-    """What a model keeps per request: KV of attention layers (per token) and
-    recurrent-state segments of linear-attention layers (per request)."""
-    attn_layers: tuple[int, ...]
-    kv_heads: int
-    head_dim: int
-    kv_dtype: torch.dtype
-    states: tuple[StateSegment, ...]
-    num_layers: int
-
-    @property
-    def hybrid(self) -> bool:
-        return bool(self.states)
-
-
-def _cache_kwarg(model) -> str:
-    params = inspect.signature(model.forward).parameters
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def new_cache(model):
-    """An empty DynamicCache laid out for `model`'s layer types."""
-    from transformers import DynamicCache
-    return DynamicCache(config=model.config)
-
-
-@torch.no_grad()
-def forward(model, tokens: torch.Tensor, cache, keep_all: bool = False) -> torch.Tensor:
-    """Runs `tokens` (1-D) through `model` on top of `cache` (updated in
-    place) and returns the logits [len(tokens), vocab] (keep_all) or of the
-    last position only [1, vocab]."""
-    out = model(input_ids=tokens[None], use_cache=True,
-                logits_to_keep=0 if keep_all else 1,
-                **{_cache_kwarg(model): cache})
-    return out.logits[0]
-
-
-@torch.no_grad()
-def probe_state_spec(model) -> StateSpec:
-    """Finds which layers keep KV and which keep recurrent state, and their
-    shapes, by running one token through `model` on a fresh cache.
-
-    Raises ValueError for caches this integration does not handle (sliding
-    windows, attention layers of different shapes).
-    """
-    from transformers.cache_utils import (DynamicLayer,
-                                          DynamicSlidingWindowLayer,
-                                          LinearAttentionCacheLayerMixin)
-    device = next(model.parameters()).device
-    cache = new_cache(model)
-    forward(model, torch.zeros(1, dtype=torch.long, device=device), cache)
-    attn, states, kv = [], [], set()
-    for i, layer in enumerate(cache.layers):
-        if isinstance(layer, DynamicSlidingWindowLayer):
-            raise ValueError(f"layer {i}: sliding-window caches are not supported")
-        if isinstance(layer, DynamicLayer) and layer.keys is not None:
-            _, h, _, d = layer.keys.shape
-            kv.add((h, d, layer.keys.dtype))
-            attn.append(i)
-        if isinstance(layer, LinearAttentionCacheLayerMixin):
-            for s in range(layer.number_of_states):
-                for kind, t in (("conv", layer.conv_states[s]),
-                                ("recurrent", layer.recurrent_states[s])):
-                    if t is not None:
-                        states.append(StateSegment(i, kind, s, tuple(t.shape[1:]), t.dtype))
-    if len(kv) > 1:
-        raise ValueError(f"attention layers differ in KV shape: {sorted(map(str, kv))}")
-    if not attn:
-        raise ValueError("the model keeps no KV in its cache")
-    h, d, dt = kv.pop()
-    return StateSpec(tuple(attn), h, d, dt, tuple(states), len(cache.layers))
-
-
-def random_model(arch: str, size: str = "tiny", *, seed: int = 0,
-                 dtype: torch.dtype = torch.bfloat16, device="cpu"):
-    """A causal LM with seeded random weights built from a config (nothing
-    downloaded), for tests and benchmarks.
-
-    arch: "llama" (attention only) or "qwen3_next" (hybrid Gated DeltaNet).
-    size: "tiny" (a few hundred thousand parameters, for CPU tests) or "1b"
-      (about a billion, for the GPU churn benchmark).
-    The same (arch, size, seed, dtype) gives the same weights in every
-    process on the same device type.
-    """
-    from transformers import (LlamaConfig, LlamaForCausalLM, Qwen3NextConfig,
-                              Qwen3NextForCausalLM)
-    if arch == "llama":
-        if size == "tiny":
-            cfg = dict(vocab_size=256, hidden_size=64, intermediate_size=128,
-                       num_hidden_layers=2, num_attention_heads=4,
-                       num_key_value_heads=2, head_dim=16)
-        elif size == "1b":  # Llama-3.2-1B's shape with a 32k vocabulary
-            cfg = dict(vocab_size=32000, hidden_size=2048, intermediate_size=8192,
-                       num_hidden_layers=16, num_attention_heads=32,
-                       num_key_value_heads=8, head_dim=64, rope_theta=500000.0)
-        else:
-            raise ValueError(f"size: {size!r} is not 'tiny' or '1b'")
-        config, cls = LlamaConfig(max_position_embeddings=131072, **cfg), LlamaForCausalLM
-    elif arch == "qwen3_next":
-        if size == "tiny":
-            n = 4
-            cfg = dict(vocab_size=256, hidden_size=64, intermediate_size=128,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                       linear_num_value_heads=4, linear_num_key_heads=2,
-                       linear_key_head_dim=16, linear_value_head_dim=16,
-                       num_experts=4, num_experts_per_tok=2,
-                       moe_intermediate_size=32, shared_expert_intermediate_size=32)
-        elif size == "1b":  # Qwen3-Next's 3:1 pattern, dense MLPs
-            n = 16
-            cfg = dict(vocab_size=32000, hidden_size=2048, intermediate_size=6144,
-                       num_attention_heads=16, num_key_value_heads=4, head_dim=128,
-                       linear_num_value_heads=16, linear_num_key_heads=8,
-                       linear_key_head_dim=128, linear_value_head_dim=128,
-                       mlp_only_layers=list(range(n)), num_experts=4,
-                       num_experts_per_tok=2, moe_intermediate_size=256,
-                       shared_expert_intermediate_size=256)
-        else:
-            raise ValueError(f"size: {size!r} is not 'tiny' or '1b'")
-        layer_types = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention"
-                       for i in range(n)]
-        config = Qwen3NextConfig(num_hidden_layers=n, layer_types=layer_types,
-                                 linear_conv_kernel_dim=4,
-                                 max_position_embeddings=131072, **cfg)
-        cls = Qwen3NextForCausalLM
-    else:
-        raise ValueError(f"arch: {arch!r} is not 'llama' or 'qwen3_next'")
-    torch.manual_seed(seed)
-    with torch.device(device):
-        model = cls(config)
-    return model.to(dtype).eval()
-
-
-# ---------------------------------------------------------------------- pool
-
-
-def _slot_tensor(slots: int, shape: tuple[int, ...], dtype, device) -> torch.Tensor:
-    """A [slots, *shape] view whose slots start 16 bytes apart at least (the
-    copy kernel moves 16-byte vectors)."""
-    n = 1
-    for s in shape:
-        n *= s
-    es = torch.empty((), dtype=dtype).element_size()
-    per = -(-n * es // 16) * 16 // es if (16 % es == 0) else n
-    buf = torch.zeros(slots, per, dtype=dtype, device=device)
-    return buf[:, :n].view(slots, *shape)
-
-
-class PagedKVPool:
-    """The engine's paged KV pool and snapshot slots, and the copies between
-    them and a DynamicCache (on the current stream)."""
-
-    def __init__(self, spec: StateSpec, *, num_pages: int, tokens_per_page: int,
-                 snapshot_slots: int, device):
-        self.spec = spec
-        self.tokens_per_page = tokens_per_page
-        self.num_pages = num_pages
-        shape = (num_pages, tokens_per_page, spec.kv_heads, spec.head_dim)
-        self.k = [torch.zeros(shape, dtype=spec.kv_dtype, device=device)
-                  for _ in spec.attn_layers]
-        self.v = [torch.zeros(shape, dtype=spec.kv_dtype, device=device)
-                  for _ in spec.attn_layers]
-        self.num_slots = snapshot_slots if spec.hybrid else 0
-        self.states = [_slot_tensor(self.num_slots, s.shape, s.dtype, device)
-                       for s in spec.states] if spec.hybrid else []
-        kv = [t for pair in zip(self.k, self.v) for t in pair]
-        self.torch_pool = TorchPool({"kv": kv}, snapshot=self.states)
-        self.page_bytes = self.torch_pool.row_bytes("kv")
-
-    def write_pages(self, cache, first_token: int, pages: Sequence[int]) -> None:
-        """Copies tokens [first_token, first_token + len(pages)*P) of every
-        attention layer of `cache` into pool pages `pages`."""
-        if not pages:
-            return
-        p, n = self.tokens_per_page, len(pages)
-        idx = torch.tensor(pages, dtype=torch.long, device=self.k[0].device)
-        for li, k, v in zip(self.spec.attn_layers, self.k, self.v):
-            layer = cache.layers[li]
-            for src, dst in ((layer.keys, k), (layer.values, v)):
-                seg = src[0, :, first_token:first_token + n * p, :]  # [H, nP, D]
-                dst.index_copy_(0, idx, seg.transpose(0, 1).reshape(n, p, *dst.shape[2:]))
-
-    def read_pages(self, pages: Sequence[int]) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """Per attention layer, (K, V) of pool pages `pages` as [1, H, n*P, D]."""
-        idx = torch.tensor(pages, dtype=torch.long, device=self.k[0].device)
-        out = []
-        for k, v in zip(self.k, self.v):
-            kv = []
-            for t in (k, v):
-                g = t.index_select(0, idx)  # [n, P, H, D]
-                kv.append(g.reshape(-1, *t.shape[2:]).transpose(0, 1)[None].contiguous())
-            out.append(tuple(kv))
-        return out
-
-    def write_states(self, cache, slot: int) -> None:
-        """Copies every recurrent-state segment of `cache` into `slot`."""
-        for seg, dst in zip(self.spec.states, self.states):
-            layer = cache.layers[seg.layer]
-            src = (layer.conv_states if seg.kind == "conv" else layer.recurrent_states)[seg.index]
-            dst[slot].copy_(src[0])
-
-    def read_states(self, slot: int) -> list[torch.Tensor]:
-        """The segments of `slot`, each [1, *shape] (copies)."""
-        return [t[slot][None].clone() for t in self.states]
-
-
-class _Lru:
-    """Keys (page hashes) -> ids of a fixed set; evicts least recent first."""
-
-    def __init__(self, n: int):
-        self.free = list(range(n - 1, -1, -1))
-        self.table: collections.OrderedDict[bytes, int] = collections.OrderedDict()
-
-    def get(self, key: bytes) -> int | None:
-        return self.table.get(key)
-
-    def touch(self, keys: Sequence[bytes]) -> None:
-        # Deepest first, so that ancestors end up more recent and a prefix is
-        # evicted from its end.
-        for key in reversed(keys):
-            if key in self.table:
-                self.table.move_to_end(key)
-
-    def alloc(self, n: int, protect=frozenset()) -> list[int]:
-        """n free ids, evicting least recent keys not in `protect`."""
-        while len(self.free) < n:
-            victim = next((k for k in self.table if k not in protect), None)
-            if victim is None:
-                raise RuntimeError(f"pool exhausted: {n} needed, everything "
-                                   f"else is in use by this request")
-            self.free.append(self.table.pop(victim))
-        return [self.free.pop() for _ in range(n)]
-
-    def put(self, key: bytes, ident: int) -> None:
-        old = self.table.pop(key, None)
-        if old is not None and old != ident:
-            self.free.append(old)
-        self.table[key] = ident
-
-    def clear(self) -> None:
-        self.free.extend(self.table.values())
-        self.table.clear()
-
-    def __len__(self) -> int:
-        return len(self.table)
-
-
-# -------------------------------------------------------------------- engine
+from .. import client as kvclient
+from ..errors import KvtierError
+from .model import forward, new_cache, probe_state_spec
+from .pool import PagedKVPool, _Lru
 
 
 @dataclasses.dataclass

@@ -24,6 +24,7 @@ add_library(kvtier_transfer STATIC
   ${_kvtier_client_dir}/transfer_plan_slices.cc
   ${_kvtier_client_dir}/transfer_plan_groups.cc
   ${_kvtier_client_dir}/transfer_engine.cc
+  ${_kvtier_client_dir}/transfer_lane.cc
   ${_kvtier_client_dir}/transfer_checks.cc
   ${_kvtier_client_dir}/reference_stream.cc)
 kvtier_target_options(kvtier_transfer)

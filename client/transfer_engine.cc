@@ -1,16 +1,8 @@
-// TransferEngine: runs TransferPlan slices on the CUDA backend (staged or
-// direct, see transfer_engine.h) or on the memcpy reference. The CUDA parts
-// compile only when KVTIER_HAVE_CUDA.
-//
-// Staged path, per direction ("lane"): a high-priority kernel stream for the
-// gathers / scatters, one copy stream, two staging buffers, and events: fork
-// (the caller's stream up to the call), done (the lane at the call's end),
-// and per buffer kernel_done (its last gather / scatter) and copies_done (its
-// last copy-engine batch). Buffer reuse waits on those events, within a call
-// and across calls, so a lane's mutex only has to cover enqueueing.
-// cudaStreamWaitEvent waits for the event's most recent record at the time of
-// the call, so re-recording an event later never disturbs a wait already
-// enqueued.
+// TransferEngine: runs TransferPlan slices on the CUDA backend (staged, copy
+// engine or direct, see transfer_engine.h) or on the memcpy reference. The
+// CUDA parts compile only when KVTIER_HAVE_CUDA. The staged and copy-engine
+// paths run on one "lane" per direction (streams, events, staging buffers:
+// client/transfer_lane.h); this file decides what each call enqueues there.
 //
 // Thread-safety: see transfer_engine.h.
 
@@ -33,6 +25,7 @@
 #include "client/pool.h"
 #include "client/reference_stream.h"
 #include "client/transfer_cuda.h"
+#include "client/transfer_lane.h"
 #include "client/transfer_plan.h"
 #include "kernels/page_copy.h"
 
@@ -50,201 +43,19 @@ using kernels::PageCopyParams;
 using transfer_internal::CheckCudaAvailable;
 #if KVTIER_HAVE_CUDA
 using transfer_internal::CheckCudaPlan;
+using transfer_internal::CreateLane;
 using transfer_internal::CudaError;
+using transfer_internal::DestroyLane;
+using transfer_internal::EnqueuePageCopies;
+using transfer_internal::EnqueueStagedSlice;
+using transfer_internal::Fork;
+using transfer_internal::IssueCopies;
+using transfer_internal::Join;
+using transfer_internal::kStagingBuffers;
+using transfer_internal::Lane;
 using transfer_internal::OnDevice;
+using transfer_internal::Wait;
 #endif
-
-#if KVTIER_HAVE_CUDA
-
-// Staging buffers per direction: double buffering.
-constexpr int kStagingBuffers = 2;
-
-// One direction's staged resources. Handles are created once (Create) and
-// destroyed once (~TransferEngine); enqueueing on them is serialised by mu.
-struct Lane {
-  struct Buffer {
-    void* base = nullptr;
-    cudaEvent_t kernel_done = nullptr;  // its last gather / scatter
-    cudaEvent_t copies_done = nullptr;  // its last copy-engine batch
-  };
-
-  absl::Mutex mu;
-  cudaStream_t kernel_stream = nullptr;  // high priority
-  cudaStream_t copy_stream = nullptr;
-  // The copy-engine share's 2D copies (TransferOptions::copy_engine_share).
-  cudaStream_t side_stream = nullptr;
-  cudaEvent_t fork = nullptr;       // the caller's stream at a call's start
-  cudaEvent_t done = nullptr;       // the lane at a call's end
-  cudaEvent_t side_done = nullptr;  // the side stream at a call's end
-  Buffer buffers[kStagingBuffers];
-
-  uint64_t next_buffer ABSL_GUARDED_BY(mu) = 0;
-  // Scratch, kept to spare allocations per call.
-  std::vector<EngineCopy> copies ABSL_GUARDED_BY(mu);
-  std::vector<EngineCopy2D> copies2d ABSL_GUARDED_BY(mu);
-  std::vector<void*> dsts ABSL_GUARDED_BY(mu);
-  std::vector<const void*> srcs ABSL_GUARDED_BY(mu);
-  std::vector<size_t> sizes ABSL_GUARDED_BY(mu);
-};
-
-absl::Status NewEvent(cudaEvent_t* e) {
-  if (cudaError_t err = cudaEventCreateWithFlags(e, cudaEventDisableTiming);
-      err != cudaSuccess) {
-    *e = nullptr;
-    return CudaError("cudaEventCreateWithFlags", err);
-  }
-  return absl::OkStatus();
-}
-
-// Creates the lane's streams, events and (on the staged path) buffers on the
-// current device.
-absl::Status CreateLane(const TransferPlan& plan, int priority, Lane* lane) {
-  if (cudaError_t err = cudaStreamCreateWithPriority(
-          &lane->kernel_stream, cudaStreamNonBlocking, priority);
-      err != cudaSuccess) {
-    lane->kernel_stream = nullptr;
-    return CudaError("cudaStreamCreateWithPriority", err);
-  }
-  if (cudaError_t err =
-          cudaStreamCreateWithFlags(&lane->copy_stream, cudaStreamNonBlocking);
-      err != cudaSuccess) {
-    lane->copy_stream = nullptr;
-    return CudaError("cudaStreamCreateWithFlags", err);
-  }
-  if (absl::Status s = NewEvent(&lane->fork); !s.ok()) return s;
-  if (absl::Status s = NewEvent(&lane->done); !s.ok()) return s;
-  if (plan.path() != TransferPath::kStaged) return absl::OkStatus();
-  if (plan.options().copy_engine_share > 0) {
-    if (cudaError_t err = cudaStreamCreateWithFlags(&lane->side_stream,
-                                                    cudaStreamNonBlocking);
-        err != cudaSuccess) {
-      lane->side_stream = nullptr;
-      return CudaError("cudaStreamCreateWithFlags", err);
-    }
-    if (absl::Status s = NewEvent(&lane->side_done); !s.ok()) return s;
-  }
-  for (Lane::Buffer& b : lane->buffers) {
-    if (cudaError_t err = cudaMalloc(&b.base, plan.staging().buffer_bytes);
-        err != cudaSuccess) {
-      b.base = nullptr;
-      cudaGetLastError();  // not sticky; keep it from later checks
-      return err == cudaErrorMemoryAllocation
-                 ? absl::ResourceExhaustedError(absl::StrCat(
-                       "cudaMalloc of a ", plan.staging().buffer_bytes,
-                       "-byte staging buffer failed: out of device memory"))
-                 : CudaError("cudaMalloc (staging buffer)", err);
-    }
-    if (absl::Status s = NewEvent(&b.kernel_done); !s.ok()) return s;
-    if (absl::Status s = NewEvent(&b.copies_done); !s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
-
-// Waits for everything enqueued on the lane's streams, then destroys them,
-// its events and its buffers. Handles that were never created are skipped.
-void DestroyLane(Lane* lane) {
-  for (cudaStream_t s :
-       {lane->kernel_stream, lane->copy_stream, lane->side_stream}) {
-    if (s != nullptr) cudaStreamSynchronize(s);
-  }
-  for (Lane::Buffer& b : lane->buffers) {
-    if (b.base != nullptr) cudaFree(b.base);
-    for (cudaEvent_t e : {b.kernel_done, b.copies_done}) {
-      if (e != nullptr) cudaEventDestroy(e);
-    }
-  }
-  for (cudaEvent_t e : {lane->fork, lane->done, lane->side_done}) {
-    if (e != nullptr) cudaEventDestroy(e);
-  }
-  for (cudaStream_t s :
-       {lane->kernel_stream, lane->copy_stream, lane->side_stream}) {
-    if (s != nullptr) cudaStreamDestroy(s);
-  }
-  cudaGetLastError();
-}
-
-absl::Status Record(cudaEvent_t e, cudaStream_t s) {
-  if (cudaError_t err = cudaEventRecord(e, s); err != cudaSuccess) {
-    return CudaError("cudaEventRecord", err);
-  }
-  return absl::OkStatus();
-}
-
-absl::Status Wait(cudaStream_t s, cudaEvent_t e) {
-  if (cudaError_t err = cudaStreamWaitEvent(s, e, 0); err != cudaSuccess) {
-    return CudaError("cudaStreamWaitEvent", err);
-  }
-  return absl::OkStatus();
-}
-
-// Enqueues lane->copies on `stream` (the lane's copy stream, or its side
-// stream for a copy-engine share) as one cudaMemcpyBatchAsync. On the H200 one
-// batch on one stream beat one cudaMemcpyAsync per copy on 1-4 streams by 5-40
-// % (rows of 256 KiB - 2 MiB; streams of one direction share a copy engine, so
-// more streams only added overhead) and a batch per stream on two streams by ~1
-// % (2026-12-03: f256k beside the decode step, 46.0 GB/s either way).
-absl::Status IssueCopies(Lane* lane, CopyDirection direction,
-                         cudaStream_t stream)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane->mu) {
-  if (lane->copies.empty()) return absl::OkStatus();
-  const bool to_host = direction == CopyDirection::kToHost;
-  lane->dsts.clear();
-  lane->srcs.clear();
-  lane->sizes.clear();
-  for (const EngineCopy& e : lane->copies) {
-    lane->dsts.push_back(reinterpret_cast<void*>(to_host ? e.host : e.device));
-    lane->srcs.push_back(
-        reinterpret_cast<const void*>(to_host ? e.device : e.host));
-    lane->sizes.push_back(e.bytes);
-  }
-  cudaMemcpyAttributes attr{};
-  attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
-  size_t attr_index = 0;
-  if (cudaError_t err = cudaMemcpyBatchAsync(
-          lane->dsts.data(), lane->srcs.data(), lane->sizes.data(),
-          lane->dsts.size(), &attr, &attr_index, 1, stream);
-      err != cudaSuccess) {
-    return CudaError("cudaMemcpyBatchAsync", err);
-  }
-  return absl::OkStatus();
-}
-
-// Enqueues lane->copies2d on the lane's side stream, one cudaMemcpy2DAsync
-// each.
-absl::Status IssueCopies2D(Lane* lane, CopyDirection direction)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane->mu) {
-  const bool to_host = direction == CopyDirection::kToHost;
-  for (const EngineCopy2D& c : lane->copies2d) {
-    void* dst = reinterpret_cast<void*>(to_host ? c.host : c.device);
-    const void* src =
-        reinterpret_cast<const void*>(to_host ? c.device : c.host);
-    const size_t dpitch = to_host ? c.host_pitch : c.device_pitch;
-    const size_t spitch = to_host ? c.device_pitch : c.host_pitch;
-    if (cudaError_t err =
-            cudaMemcpy2DAsync(dst, dpitch, src, spitch, c.width, c.lines,
-                              cudaMemcpyDefault, lane->side_stream);
-        err != cudaSuccess) {
-      return CudaError("cudaMemcpy2DAsync", err);
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Forks the lane's copy stream off `caller`, enqueues lane->copies there as
-// one batch and joins the caller's stream to its end, the join also after a
-// failure (see StagedPages). The copy-engine path and snapshots.
-absl::Status ForkCopiesJoin(Lane* lane, CopyDirection direction,
-                            cudaStream_t caller)
-    ABSL_EXCLUSIVE_LOCKS_REQUIRED(lane->mu) {
-  absl::Status status = Record(lane->fork, caller);
-  if (status.ok()) status = Wait(lane->copy_stream, lane->fork);
-  if (status.ok()) status = IssueCopies(lane, direction, lane->copy_stream);
-  absl::Status join = Record(lane->done, lane->copy_stream);
-  if (join.ok()) join = Wait(caller, lane->done);
-  return status.ok() ? join : status;
-}
-
-#endif  // KVTIER_HAVE_CUDA
 
 }  // namespace
 
@@ -478,25 +289,19 @@ absl::Status TransferEngine::StagedPages(CopyDirection direction,
 
   absl::MutexLock lock(&lane.mu);
   // Fork: everything below starts after the caller's stream's earlier work.
-  absl::Status status = Record(lane.fork, caller);
-  if (status.ok()) status = Wait(lane.kernel_stream, lane.fork);
+  absl::Status status = Fork(&lane, caller, lane.kernel_stream);
   if (status.ok() && !evict) status = Wait(lane.copy_stream, lane.fork);
   bool side_forked = false;
   if (status.ok() && side > 0) {
     status = Wait(lane.side_stream, lane.fork);
     side_forked = status.ok();
-    if (plan_.page_runs() == 1) {
-      // Block-first pages (one run each): one batch, as the copy-engine
-      // path issues it, rather than a 2D copy per page.
-      lane.copies.clear();
-      plan_.PageRuns(gpu_pages.subspan(staged), rows.subspan(staged),
-                     &lane.copies);
-      if (status.ok()) status = IssueCopies(&lane, direction, lane.side_stream);
-    } else {
-      lane.copies2d.clear();
-      plan_.PageCopies2D(gpu_pages.subspan(staged), rows.subspan(staged),
-                         &lane.copies2d);
-      if (status.ok()) status = IssueCopies2D(&lane, direction);
+    // Block-first pages (one run each): one batch, as the copy-engine path
+    // issues it, rather than a 2D copy per page.
+    if (status.ok()) {
+      status =
+          EnqueuePageCopies(plan_, &lane, direction, gpu_pages.subspan(staged),
+                            rows.subspan(staged),
+                            /*two_d=*/plan_.page_runs() != 1, lane.side_stream);
     }
     if (status.ok()) slices_launched_.fetch_add(1, std::memory_order_relaxed);
   }
@@ -511,29 +316,7 @@ absl::Status TransferEngine::StagedPages(CopyDirection direction,
     // last scatter) overlap no copy: a wider grid (edge_slice_ctas).
     const bool edge = evict ? k == 0 : k + 1 == sizes.size();
     plan_.FillStagedSlice(direction, gpu_pages, begin, n, base, &params, edge);
-    if (evict) {
-      // Gather once the buffer's previous copies have read it out, then copy
-      // it out once gathered.
-      status = Wait(lane.kernel_stream, buf.copies_done);
-      if (status.ok()) {
-        status = kernels::LaunchPageCopy(params, lane.kernel_stream);
-      }
-      if (status.ok()) status = Record(buf.kernel_done, lane.kernel_stream);
-      if (status.ok()) status = Wait(lane.copy_stream, buf.kernel_done);
-      if (status.ok()) status = IssueCopies(&lane, direction, lane.copy_stream);
-      if (status.ok()) status = Record(buf.copies_done, lane.copy_stream);
-    } else {
-      // Copy in once the buffer's previous scatter has read it out, then
-      // scatter it once copied.
-      status = Wait(lane.copy_stream, buf.kernel_done);
-      if (status.ok()) status = IssueCopies(&lane, direction, lane.copy_stream);
-      if (status.ok()) status = Record(buf.copies_done, lane.copy_stream);
-      if (status.ok()) status = Wait(lane.kernel_stream, buf.copies_done);
-      if (status.ok()) {
-        status = kernels::LaunchPageCopy(params, lane.kernel_stream);
-      }
-      if (status.ok()) status = Record(buf.kernel_done, lane.kernel_stream);
-    }
+    status = EnqueueStagedSlice(&lane, &buf, direction, params);
     if (status.ok()) {
       slices_launched_.fetch_add(1, std::memory_order_relaxed);
       begin += n;
@@ -547,12 +330,10 @@ absl::Status TransferEngine::StagedPages(CopyDirection direction,
   // what was enqueued. An eviction ends on the copy stream (each batch waits
   // for its gather), a rehydration on the kernel stream (each scatter waits
   // for its batch).
-  const cudaStream_t last = evict ? lane.copy_stream : lane.kernel_stream;
-  absl::Status join = Record(lane.done, last);
-  if (join.ok()) join = Wait(caller, lane.done);
-  if (side_forked) {
-    if (join.ok()) join = Record(lane.side_done, lane.side_stream);
-    if (join.ok()) join = Wait(caller, lane.side_done);
+  absl::Status join =
+      Join(evict ? lane.copy_stream : lane.kernel_stream, lane.done, caller);
+  if (side_forked && join.ok()) {
+    join = Join(lane.side_stream, lane.side_done, caller);
   }
   return status.ok() ? join : status;
 #else
@@ -568,13 +349,18 @@ absl::Status TransferEngine::CopyEnginePages(
     CopyDirection direction, absl::Span<const uint32_t> gpu_pages,
     absl::Span<const uint32_t> rows, void* stream) {
 #if KVTIER_HAVE_CUDA
-  // One batch of every run on the direction's copy stream.
+  // One batch of every run on the direction's copy stream, forked off the
+  // caller's stream and joined to it again (also after a failure).
+  const cudaStream_t caller = static_cast<cudaStream_t>(stream);
   Lane& lane = staging_->lanes[direction == CopyDirection::kToHost ? 0 : 1];
   absl::MutexLock lock(&lane.mu);
-  lane.copies.clear();
-  plan_.PageRuns(gpu_pages, rows, &lane.copies);
-  absl::Status status =
-      ForkCopiesJoin(&lane, direction, static_cast<cudaStream_t>(stream));
+  absl::Status status = Fork(&lane, caller, lane.copy_stream);
+  if (status.ok()) {
+    status = EnqueuePageCopies(plan_, &lane, direction, gpu_pages, rows,
+                               /*two_d=*/false, lane.copy_stream);
+  }
+  absl::Status join = Join(lane.copy_stream, lane.done, caller);
+  if (status.ok()) status = join;
   if (status.ok()) slices_launched_.fetch_add(1, std::memory_order_relaxed);
   return status;
 #else
@@ -590,12 +376,17 @@ absl::Status TransferEngine::StagedSnapshot(CopyDirection direction,
                                             absl::Span<const uint32_t> slots,
                                             uint32_t row, void* stream) {
 #if KVTIER_HAVE_CUDA
+  // One batch of the segments on the direction's copy stream, forked and
+  // joined as on the copy-engine path.
+  const cudaStream_t caller = static_cast<cudaStream_t>(stream);
   Lane& lane = staging_->lanes[direction == CopyDirection::kToHost ? 0 : 1];
   absl::MutexLock lock(&lane.mu);
   lane.copies.clear();
   plan_.SnapshotCopies(slots, row, &lane.copies);
-  absl::Status status =
-      ForkCopiesJoin(&lane, direction, static_cast<cudaStream_t>(stream));
+  absl::Status status = Fork(&lane, caller, lane.copy_stream);
+  if (status.ok()) status = IssueCopies(&lane, direction, lane.copy_stream);
+  absl::Status join = Join(lane.copy_stream, lane.done, caller);
+  if (status.ok()) status = join;
   if (status.ok()) slices_launched_.fetch_add(1, std::memory_order_relaxed);
   return status;
 #else

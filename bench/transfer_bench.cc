@@ -115,7 +115,7 @@
 // --max_config_seconds (32k prefixes, the per-chunk loop) get fewer than 100
 // repeats; raise it (and the run time) for a fuller p99 there.
 //
-// The code: this file holds the flags, Bench::Setup and main;
+// The code: this file holds the flags, Bench::Setup (and its steps) and main;
 // transfer_bench.h lists the other transfer_bench_*.cc files and what each
 // holds.
 //
@@ -296,6 +296,16 @@ bool Bench::Stop() {
 }
 
 absl::Status Bench::Setup() {
+  BENCH_RETURN_IF_ERROR(ReadFlags());
+  BENCH_RETURN_IF_ERROR(InitCuda());
+  absl::StatusOr<std::vector<uint64_t>> rows = SelectLayouts();
+  if (!rows.ok()) return rows.status();
+  BENCH_RETURN_IF_ERROR(AllocatePoolAndArena());
+  BENCH_RETURN_IF_ERROR(FillPool());
+  return BindLayouts(*rows);
+}
+
+absl::Status Bench::ReadFlags() {
   policy_.repeats = absl::GetFlag(FLAGS_repeats);
   policy_.min_repeats = absl::GetFlag(FLAGS_min_repeats);
   policy_.max_seconds = absl::GetFlag(FLAGS_max_config_seconds);
@@ -346,7 +356,10 @@ absl::Status Bench::Setup() {
   if (absl::Status s = LoadHostRowRuns(); !s.ok()) return s;
   date_ =
       absl::FormatTime("%Y-%m-%dT%H:%M:%SZ", absl::Now(), absl::UTCTimeZone());
+  return absl::OkStatus();
+}
 
+absl::Status Bench::InitCuda() {
   int devices = 0;
   BENCH_RETURN_IF_ERROR(
       Cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount"));
@@ -362,9 +375,10 @@ absl::Status Bench::Setup() {
   BENCH_RETURN_IF_ERROR(
       Cuda(cudaStreamCreateWithFlags(&gemm_stream_, cudaStreamNonBlocking),
            "stream"));
-  BENCH_RETURN_IF_ERROR(ev_.Create());
+  return ev_.Create();
+}
 
-  // Layouts and the host memory they need.
+absl::StatusOr<std::vector<uint64_t>> Bench::SelectLayouts() {
   const uint32_t max_prefix = std::max(
       *std::max_element(prefixes_.begin(), prefixes_.end()), sweep_prefix_);
   pool_bytes_ =
@@ -389,7 +403,10 @@ absl::Status Bench::Setup() {
     if (!dry.ok()) return dry.status();
     arena_bytes_ = std::max(arena_bytes_, RoundUp(dry->arena_used, 2 * kMiB));
   }
+  return rows;
+}
 
+absl::Status Bench::AllocatePoolAndArena() {
   Progress("GPU %s, %d SMs; pool %.1f GiB, host arena %.2f GiB", prop_.name,
            prop_.multiProcessorCount, double(pool_bytes_) / kGiB,
            double(arena_bytes_) / kGiB);
@@ -423,8 +440,10 @@ absl::Status Bench::Setup() {
       Cuda(cudaHostGetDevicePointer(&dev, arena_, 0), "device pointer"));
   arena_dev_ = reinterpret_cast<uint64_t>(dev);
   Progress("pool allocated, arena mapped and registered");
-  BENCH_RETURN_IF_ERROR(FillPool());
+  return absl::OkStatus();
+}
 
+absl::Status Bench::BindLayouts(const std::vector<uint64_t>& rows) {
   for (size_t i = 0; i < defs_.size(); ++i) {
     absl::StatusOr<Bound> b =
         Bind(defs_[i], reinterpret_cast<uint64_t>(pool_), pool_bytes_, arena_,

@@ -451,7 +451,24 @@ class Bench {
   absl::Status InterferenceLayout(Load& load, const Bound& b,
                                   std::vector<std::string>* runs);
   std::vector<Config> InterferenceConfigs(const Bound& b) const;
+  // Setup's steps, in order (transfer_bench.cc). Reads the flags into the
+  // configuration below (INVALID_ARGUMENT for a bad --kvtier_variants or
+  // --row_run_lengths).
+  absl::Status ReadFlags();
+  // Makes device 0 current and creates the streams and events.
+  // FAILED_PRECONDITION without a device.
+  absl::Status InitCuda();
+  // Fills defs_ with the selected layouts and sizes the pool and the host
+  // arena for them; returns each layout's host rows (index as defs_).
+  // INVALID_ARGUMENT if no layout is selected or one does not fit the pool.
+  absl::StatusOr<std::vector<uint64_t>> SelectLayouts();
+  // Allocates the GPU pool, maps the host arena (--huge_pages) and registers
+  // it for the device.
+  absl::Status AllocatePoolAndArena();
+  // Fills the pool with varied bytes (not zeros).
   absl::Status FillPool();
+  // Binds defs_[i] with rows[i] host rows into bounds_, with their pickers.
+  absl::Status BindLayouts(const std::vector<uint64_t>& rows);
   void Fail(const absl::Status& st, absl::string_view where);
   // True once the context is unusable or --deadline_s has passed (noted in
   // the JSON once): no further measurement starts.

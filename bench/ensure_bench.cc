@@ -200,146 +200,196 @@ std::string MissesPart(cudaStream_t st) {
       absl::GetFlag(FLAGS_copy_ctas), plan_hit_us);
 }
 
-std::string MirrorPart(cudaStream_t st) {
-  const uint32_t layers = absl::GetFlag(FLAGS_layers);
-  const uint32_t tpp = absl::GetFlag(FLAGS_tokens_per_page);
-  const uint32_t bpt = absl::GetFlag(FLAGS_bytes_per_token);
-  const uint32_t seqs = absl::GetFlag(FLAGS_seqs);
-  const uint32_t iters = absl::GetFlag(FLAGS_iters);
-  const uint32_t tensors = 2 * layers;
-  const uint32_t page_bytes = tpp * bpt;
-  const uint64_t tensor_bytes = uint64_t{seqs} * page_bytes;  // slot = seq
-  uint8_t* pool = nullptr;
-  uint8_t* src = nullptr;
-  CK(cudaMalloc(&pool, tensor_bytes * tensors));
-  CK(cudaMalloc(&src, uint64_t{seqs} * tensors * bpt));
-  CK(cudaMemset(src, 3, uint64_t{seqs} * tensors * bpt));
-  const uint64_t attn_bytes =
-      uint64_t{seqs} * absl::GetFlag(FLAGS_selected_tokens) * tensors * bpt;
-  const uint64_t weight_bytes =
+// The mirror part's decode-step proxy: its shape and device buffers.
+struct DecodeStep {
+  uint32_t seqs = 0, tensors = 0, tpp = 0, bpt = 0;
+  uint32_t page_bytes = 0;    // one page of one tensor
+  uint64_t tensor_bytes = 0;  // one tensor's pages: one per sequence
+  uint64_t attn_bytes = 0, weight_bytes = 0;
+  uint8_t* pool = nullptr;     // what the store writes, tensor-major
+  uint8_t* src = nullptr;      // the tokens it stores
+  uint8_t* attn = nullptr;     // the selected KV the attention read touches
+  uint8_t* weights = nullptr;  // null when weight_bytes is 0
+  uint32_t* sink = nullptr;    // the reads' result
+};
+
+// Allocates the decode step of the flags (--seqs sequences, 2 x --layers
+// tensors, ...), the stored tokens set to 3 and the rest of the memory to 0.
+DecodeStep AllocateDecodeStep() {
+  DecodeStep d;
+  d.seqs = absl::GetFlag(FLAGS_seqs);
+  d.tensors = 2 * absl::GetFlag(FLAGS_layers);
+  d.tpp = absl::GetFlag(FLAGS_tokens_per_page);
+  d.bpt = absl::GetFlag(FLAGS_bytes_per_token);
+  d.page_bytes = d.tpp * d.bpt;
+  d.tensor_bytes = uint64_t{d.seqs} * d.page_bytes;  // slot = seq
+  CK(cudaMalloc(&d.pool, d.tensor_bytes * d.tensors));
+  CK(cudaMalloc(&d.src, uint64_t{d.seqs} * d.tensors * d.bpt));
+  CK(cudaMemset(d.src, 3, uint64_t{d.seqs} * d.tensors * d.bpt));
+  d.attn_bytes = uint64_t{d.seqs} * absl::GetFlag(FLAGS_selected_tokens) *
+                 d.tensors * d.bpt;
+  d.weight_bytes =
       static_cast<uint64_t>(absl::GetFlag(FLAGS_weights_gib) * (1ull << 30)) /
       16 * 16;
-  uint8_t *attn = nullptr, *weights = nullptr;
-  uint32_t* sink = nullptr;
-  CK(cudaMalloc(&attn, attn_bytes));
-  CK(cudaMemset(attn, 0, attn_bytes));
-  if (weight_bytes > 0) {
-    CK(cudaMalloc(&weights, weight_bytes));
-    CK(cudaMemset(weights, 0, weight_bytes));
+  CK(cudaMalloc(&d.attn, d.attn_bytes));
+  CK(cudaMemset(d.attn, 0, d.attn_bytes));
+  if (d.weight_bytes > 0) {
+    CK(cudaMalloc(&d.weights, d.weight_bytes));
+    CK(cudaMemset(d.weights, 0, d.weight_bytes));
   }
-  CK(cudaMalloc(&sink, 4));
-  // Mirror: one row per sequence's page (logical = seq).
-  uint8_t* mirror = nullptr;
-  const uint64_t row_bytes = uint64_t{tensors} * page_bytes;
-  CK(cudaHostAlloc(&mirror, row_bytes * seqs, cudaHostAllocMapped));
-  std::vector<uint32_t> rows(seqs);
-  for (uint32_t s = 0; s < seqs; ++s) rows[s] = s;
-  std::vector<MirrorEntry> entries(seqs);
-  for (uint32_t s = 0; s < seqs; ++s) {
-    entries[s] = {.logical = static_cast<int32_t>(s),
-                  .slot = static_cast<int32_t>(s),
-                  .token = 5};
-  }
+  CK(cudaMalloc(&d.sink, 4));
+  return d;
+}
+
+void FreeDecodeStep(const DecodeStep& d) {
+  cudaFree(d.pool);
+  cudaFree(d.src);
+  cudaFree(d.attn);
+  if (d.weights != nullptr) cudaFree(d.weights);
+  cudaFree(d.sink);
+}
+
+// The mirror of a decode step's pool: one mapped host row per sequence's
+// page (logical = seq), and the mirror store's parameters with one entry
+// per sequence (token 5 of its page).
+struct Mirror {
+  uint8_t* host = nullptr;
+  uint64_t row_bytes = 0;
   uint32_t* d_rows = nullptr;
   MirrorEntry* d_entries = nullptr;
   uint32_t* d_count = nullptr;
   unsigned long long* d_drops = nullptr;
-  CK(cudaMalloc(&d_rows, seqs * 4));
-  CK(cudaMalloc(&d_entries, seqs * sizeof(MirrorEntry)));
-  CK(cudaMalloc(&d_count, 4));
-  CK(cudaMalloc(&d_drops, 8));
-  CK(cudaMemcpy(d_rows, rows.data(), seqs * 4, cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d_entries, entries.data(), seqs * sizeof(MirrorEntry),
-                cudaMemcpyHostToDevice));
-  CK(cudaMemcpy(d_count, &seqs, 4, cudaMemcpyHostToDevice));
-  CK(cudaMemset(d_drops, 0, 8));
-  MirrorStoreParams m;
-  for (uint32_t t = 0; t < tensors; ++t) {
-    m.segments[t] = {.pool_base = Addr(pool) + t * tensor_bytes,
-                     .pool_page_stride = page_bytes,
-                     .bank_base = Addr(mirror) + uint64_t{t} * page_bytes,
-                     .bank_row_stride = row_bytes,
-                     .bytes_per_token = bpt};
+  MirrorStoreParams params;
+};
+
+Mirror AllocateMirror(const DecodeStep& d) {
+  Mirror m;
+  m.row_bytes = uint64_t{d.tensors} * d.page_bytes;
+  CK(cudaHostAlloc(&m.host, m.row_bytes * d.seqs, cudaHostAllocMapped));
+  std::vector<uint32_t> rows(d.seqs);
+  for (uint32_t s = 0; s < d.seqs; ++s) rows[s] = s;
+  std::vector<MirrorEntry> entries(d.seqs);
+  for (uint32_t s = 0; s < d.seqs; ++s) {
+    entries[s] = {.logical = static_cast<int32_t>(s),
+                  .slot = static_cast<int32_t>(s),
+                  .token = 5};
   }
-  m.header = {.num_segments = tensors,
-              .tokens_per_page = tpp,
-              .max_entries = seqs,
-              .num_logical = seqs,
-              .num_slots = seqs,
-              .max_ctas = absl::GetFlag(FLAGS_mirror_ctas),
-              .entries = d_entries,
-              .count = d_count,
-              .mirror_rows = d_rows,
-              .drops = d_drops};
+  CK(cudaMalloc(&m.d_rows, d.seqs * 4));
+  CK(cudaMalloc(&m.d_entries, d.seqs * sizeof(MirrorEntry)));
+  CK(cudaMalloc(&m.d_count, 4));
+  CK(cudaMalloc(&m.d_drops, 8));
+  CK(cudaMemcpy(m.d_rows, rows.data(), d.seqs * 4, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(m.d_entries, entries.data(), d.seqs * sizeof(MirrorEntry),
+                cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(m.d_count, &d.seqs, 4, cudaMemcpyHostToDevice));
+  CK(cudaMemset(m.d_drops, 0, 8));
+  for (uint32_t t = 0; t < d.tensors; ++t) {
+    m.params.segments[t] = {
+        .pool_base = Addr(d.pool) + t * d.tensor_bytes,
+        .pool_page_stride = d.page_bytes,
+        .bank_base = Addr(m.host) + uint64_t{t} * d.page_bytes,
+        .bank_row_stride = m.row_bytes,
+        .bytes_per_token = d.bpt};
+  }
+  m.params.header = {.num_segments = d.tensors,
+                     .tokens_per_page = d.tpp,
+                     .max_entries = d.seqs,
+                     .num_logical = d.seqs,
+                     .num_slots = d.seqs,
+                     .max_ctas = absl::GetFlag(FLAGS_mirror_ctas),
+                     .entries = m.d_entries,
+                     .count = m.d_count,
+                     .mirror_rows = m.d_rows,
+                     .drops = m.d_drops};
+  return m;
+}
+
+void FreeMirror(const Mirror& m) {
+  cudaFreeHost(m.host);
+  cudaFree(m.d_rows);
+  cudaFree(m.d_entries);
+  cudaFree(m.d_count);
+  cudaFree(m.d_drops);
+}
+
+// One decode step captured into a graph, as an engine's is: the store proxy
+// (`store`), the mirror store (`with_mirror`), then the attention and weight
+// reads (`read`), on `sms` SMs' worth of CTAs.
+cudaGraphExec_t CaptureStep(const DecodeStep& d, const Mirror& m, int sms,
+                            bool with_mirror, bool store, bool read,
+                            cudaStream_t st) {
+  cudaGraph_t g;
+  cudaGraphExec_t e;
+  CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
+  if (store) {
+    Check(
+        LaunchTokenStoreProxy(d.src, d.pool, d.seqs, d.tensors, d.tensor_bytes,
+                              d.page_bytes, d.bpt, 5, 2 * sms, st),
+        "store proxy");
+  }
+  if (with_mirror) Check(LaunchMirrorStore(m.params, st), "mirror");
+  if (read) {
+    Check(LaunchHbmReadProxy(d.attn, d.attn_bytes, d.sink, 4 * sms, st),
+          "attention read proxy");
+    if (d.weight_bytes > 0) {
+      Check(LaunchHbmReadProxy(d.weights, d.weight_bytes, d.sink, 4 * sms, st),
+            "weight read proxy");
+    }
+  }
+  CK(cudaStreamEndCapture(st, &g));
+  CK(cudaGraphInstantiate(&e, g, 0));
+  CK(cudaGraphDestroy(g));
+  return e;
+}
+
+// Microseconds per replay of `e` over `iters` replays after three warm-up
+// ones, timed between events `a` and `b`.
+double TimeGraph(cudaGraphExec_t e, uint32_t iters, cudaEvent_t a,
+                 cudaEvent_t b, cudaStream_t st) {
+  for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(e, st));
+  CK(cudaEventRecord(a, st));
+  for (uint32_t i = 0; i < iters; ++i) CK(cudaGraphLaunch(e, st));
+  CK(cudaEventRecord(b, st));
+  CK(cudaEventSynchronize(b));
+  return Elapsed(a, b) * 1000.0 / iters;  // us
+}
+
+std::string MirrorPart(cudaStream_t st) {
+  const uint32_t iters = absl::GetFlag(FLAGS_iters);
+  const DecodeStep d = AllocateDecodeStep();
+  const Mirror m = AllocateMirror(d);
   int sms = 0;
   CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  // Captured into graphs, as an engine's decode step is.
-  auto capture = [&](bool with_mirror, bool store, bool read) {
-    cudaGraph_t g;
-    cudaGraphExec_t e;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal));
-    if (store) {
-      Check(LaunchTokenStoreProxy(src, pool, seqs, tensors, tensor_bytes,
-                                  page_bytes, bpt, 5, 2 * sms, st),
-            "store proxy");
-    }
-    if (with_mirror) Check(LaunchMirrorStore(m, st), "mirror");
-    if (read) {
-      Check(LaunchHbmReadProxy(attn, attn_bytes, sink, 4 * sms, st),
-            "attention read proxy");
-      if (weight_bytes > 0) {
-        Check(LaunchHbmReadProxy(weights, weight_bytes, sink, 4 * sms, st),
-              "weight read proxy");
-      }
-    }
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&e, g, 0));
-    CK(cudaGraphDestroy(g));
-    return e;
-  };
   cudaEvent_t a, b;
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
-  auto time = [&](cudaGraphExec_t e) {
-    for (int i = 0; i < 3; ++i) CK(cudaGraphLaunch(e, st));
-    CK(cudaEventRecord(a, st));
-    for (uint32_t i = 0; i < iters; ++i) CK(cudaGraphLaunch(e, st));
-    CK(cudaEventRecord(b, st));
-    CK(cudaEventSynchronize(b));
-    return Elapsed(a, b) * 1000.0 / iters;  // us
-  };
-  cudaGraphExec_t base = capture(false, true, true);
-  cudaGraphExec_t with = capture(true, true, true);
-  cudaGraphExec_t only = capture(true, false, false);
+  cudaGraphExec_t base = CaptureStep(d, m, sms, false, true, true, st);
+  cudaGraphExec_t with = CaptureStep(d, m, sms, true, true, true, st);
+  cudaGraphExec_t only = CaptureStep(d, m, sms, true, false, false, st);
   // Interleave to cancel drift; best of three each.
   double t_base = 1e30, t_with = 1e30, t_only = 1e30;
   for (int r = 0; r < 3; ++r) {
-    t_base = std::min(t_base, time(base));
-    t_with = std::min(t_with, time(with));
-    t_only = std::min(t_only, time(only));
+    t_base = std::min(t_base, TimeGraph(base, iters, a, b, st));
+    t_with = std::min(t_with, TimeGraph(with, iters, a, b, st));
+    t_only = std::min(t_only, TimeGraph(only, iters, a, b, st));
   }
   // The mirror must hold what the store wrote.
-  const bool match = mirror[5 * bpt] == 3 &&
-                     mirror[row_bytes * (seqs - 1) + 5 * bpt + bpt - 1] == 3;
+  const uint32_t bpt = d.bpt;
+  const bool match =
+      m.host[5 * bpt] == 3 &&
+      m.host[m.row_bytes * (d.seqs - 1) + 5 * bpt + bpt - 1] == 3;
   for (auto e : {base, with, only}) cudaGraphExecDestroy(e);
-  cudaFree(pool);
-  cudaFree(src);
-  cudaFree(attn);
-  if (weights != nullptr) cudaFree(weights);
-  cudaFree(sink);
-  cudaFreeHost(mirror);
-  cudaFree(d_rows);
-  cudaFree(d_entries);
-  cudaFree(d_count);
-  cudaFree(d_drops);
+  FreeDecodeStep(d);
+  FreeMirror(m);
   return absl::StrFormat(
       "{\"seqs\": %u, \"layers\": %u, \"bytes_per_token\": %u, "
       "\"mirror_bytes_per_step\": %u, \"attention_read_bytes\": %u, "
       "\"weight_bytes\": %u, \"step_us\": %.1f, \"step_with_mirror_us\": %.1f, "
       "\"mirror_alone_us\": %.1f, \"overhead_pct\": %.2f, \"target_pct\": 3, "
       "\"mirror_bytes_verified\": %s}",
-      seqs, layers, bpt, uint64_t{seqs} * tensors * bpt, attn_bytes,
-      weight_bytes, t_base, t_with, t_only, 100.0 * (t_with - t_base) / t_base,
+      d.seqs, absl::GetFlag(FLAGS_layers), bpt,
+      uint64_t{d.seqs} * d.tensors * bpt, d.attn_bytes, d.weight_bytes, t_base,
+      t_with, t_only, 100.0 * (t_with - t_base) / t_base,
       match ? "true" : "false");
 }
 

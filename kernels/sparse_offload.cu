@@ -133,6 +133,171 @@ __device__ __forceinline__ bool ValidLogical(int32_t l, uint32_t num_logical) {
   return l >= 0 && static_cast<uint32_t>(l) < num_logical;
 }
 
+// The plan kernel's steps (EnsurePlanKernel), each run by all kPlanThreads
+// threads of the one CTA (this one is `tid`) and ending where the kernel
+// needs a barrier. `n` is the state's max_entries.
+
+// The key (step << 32 | ~entry) of entry i's claim in step `step`.
+__device__ __forceinline__ unsigned long long ClaimKey(uint32_t step,
+                                                       uint32_t i) {
+  return (static_cast<unsigned long long>(step) << 32) | (0xFFFFFFFFull - i);
+}
+
+// 2: counts malformed entries as drops, claims the first occurrence of each
+// selected page (claim[l] ends as the largest key: the lowest entry), and
+// stamps the slots of the pages that hit.
+__device__ __forceinline__ void ClaimAndStampHits(const EnsurePlanParams& p,
+                                                  uint32_t tid, uint32_t n,
+                                                  uint32_t step) {
+  const EnsureState& s = p.state;
+  for (uint32_t i = tid; i < n; i += kPlanThreads) {
+    const int32_t l = p.selected[i];
+    if (l == -1) continue;
+    if (!ValidLogical(l, s.num_logical)) {
+      atomicAdd(s.drops, 1ull);
+      continue;
+    }
+    atomicMax(&s.claim[l], ClaimKey(step, i));
+    const int32_t slot = s.logical_slot[l];
+    if (slot >= 0) s.slot_stamp[slot] = step;
+  }
+  __syncthreads();
+}
+
+// 3: compacts the first occurrences of missing pages into miss_logical, in
+// entry order; returns how many.
+__device__ __forceinline__ uint32_t CompactMisses(const EnsurePlanParams& p,
+                                                  uint32_t tid, uint32_t n,
+                                                  uint32_t step,
+                                                  uint32_t* warp_sums) {
+  const EnsureState& s = p.state;
+  uint32_t misses = 0;
+  for (uint32_t base = 0; base < n; base += kPlanThreads) {
+    const uint32_t i = base + tid;
+    int32_t l = -1;
+    bool flag = false;
+    if (i < n) {
+      l = p.selected[i];
+      flag = ValidLogical(l, s.num_logical) &&
+             s.claim[l] == ClaimKey(step, i) && s.logical_slot[l] < 0;
+    }
+    uint32_t total = 0;
+    const uint32_t pos = BlockExclusiveScan(flag, warp_sums, &total);
+    if (flag) s.miss_logical[misses + pos] = l;
+    misses += total;
+  }
+  return misses;
+}
+
+// Returns the candidates for eviction: slots not used this step.
+// REQUIRES: *sh_avail is 0.
+__device__ __forceinline__ uint32_t CountCandidates(const EnsureState& s,
+                                                    uint32_t tid, uint32_t step,
+                                                    uint32_t* sh_avail) {
+  uint32_t local = 0;
+  for (uint32_t slot = tid; slot < s.num_slots; slot += kPlanThreads) {
+    if (s.slot_stamp[slot] != step) ++local;
+  }
+  atomicAdd(sh_avail, local);
+  __syncthreads();
+  return *sh_avail;
+}
+
+// 4: radix-selects the m-th smallest (stamp << 32 | slot) key of the
+// candidates, a byte per pass, and returns it. REQUIRES: 0 < m <= the
+// candidates.
+__device__ __forceinline__ unsigned long long SelectVictimThreshold(
+    const EnsureState& s, uint32_t tid, uint32_t step, uint32_t m,
+    uint32_t* hist, unsigned long long* sh_prefix, uint32_t* sh_k) {
+  if (tid == 0) {
+    *sh_prefix = 0;
+    *sh_k = m;  // rank (1-based) still to find below the current prefix
+  }
+  __syncthreads();
+  for (int digit = 7; digit >= 0; --digit) {
+    for (uint32_t b = tid; b < 256; b += kPlanThreads) hist[b] = 0;
+    __syncthreads();
+    const unsigned long long prefix = *sh_prefix;
+    const unsigned long long high_mask =
+        digit == 7 ? 0ull : (~0ull << (8 * (digit + 1)));
+    for (uint32_t slot = tid; slot < s.num_slots; slot += kPlanThreads) {
+      const uint32_t stamp = s.slot_stamp[slot];
+      if (stamp == step) continue;
+      const unsigned long long key =
+          (static_cast<unsigned long long>(stamp) << 32) | slot;
+      if ((key & high_mask) != prefix) continue;
+      atomicAdd(&hist[(key >> (8 * digit)) & 0xFF], 1u);
+    }
+    __syncthreads();
+    if (tid == 0) {
+      uint32_t k = *sh_k;
+      uint32_t b = 0;
+      for (; b < 256; ++b) {
+        if (hist[b] >= k) break;
+        k -= hist[b];
+      }
+      *sh_k = k;
+      *sh_prefix = prefix | (static_cast<unsigned long long>(b) << (8 * digit));
+    }
+    __syncthreads();
+  }
+  return *sh_prefix;
+}
+
+// Compacts the victims (candidates whose key is at most `threshold`) into
+// copy_slot, in slot order.
+__device__ __forceinline__ void CompactVictims(const EnsureState& s,
+                                               uint32_t tid, uint32_t step,
+                                               unsigned long long threshold,
+                                               uint32_t* warp_sums) {
+  uint32_t placed = 0;
+  for (uint32_t base = 0; base < s.num_slots; base += kPlanThreads) {
+    const uint32_t slot = base + tid;
+    bool flag = false;
+    if (slot < s.num_slots) {
+      const uint32_t stamp = s.slot_stamp[slot];
+      flag = stamp != step && ((static_cast<unsigned long long>(stamp) << 32) |
+                               slot) <= threshold;
+    }
+    uint32_t total = 0;
+    const uint32_t pos = BlockExclusiveScan(flag, warp_sums, &total);
+    if (flag) s.copy_slot[placed + pos] = slot;
+    placed += total;
+  }
+  __syncthreads();
+}
+
+// 5: rebinds victim k's slot to missed page k, for k < m, and fills the
+// copy list's rows. Old pages are not selected this step and new ones are
+// not resident, so no two threads write the same logical_slot entry.
+__device__ __forceinline__ void Rebind(const EnsurePlanParams& p, uint32_t tid,
+                                       uint32_t step, uint32_t m) {
+  const EnsureState& s = p.state;
+  for (uint32_t k = tid; k < m; k += kPlanThreads) {
+    const uint32_t slot = s.copy_slot[k];
+    const int32_t l = s.miss_logical[k];
+    const int32_t old = s.slot_logical[slot];
+    if (old >= 0) s.logical_slot[old] = -1;
+    s.slot_logical[slot] = l;
+    s.slot_stamp[slot] = step;
+    s.copy_row[k] = p.mirror_rows[l];
+  }
+  __syncthreads();
+  for (uint32_t k = tid; k < m; k += kPlanThreads) {
+    s.logical_slot[s.miss_logical[k]] = static_cast<int32_t>(s.copy_slot[k]);
+  }
+}
+
+// 6: translates every selected entry to its slot (-1 for malformed ones).
+__device__ __forceinline__ void Translate(const EnsurePlanParams& p,
+                                          uint32_t tid, uint32_t n) {
+  const EnsureState& s = p.state;
+  for (uint32_t i = tid; i < n; i += kPlanThreads) {
+    const int32_t l = p.selected[i];
+    p.translated[i] = ValidLogical(l, s.num_logical) ? s.logical_slot[l] : -1;
+  }
+}
+
 __global__ void __launch_bounds__(kPlanThreads)
     EnsurePlanKernel(const __grid_constant__ EnsurePlanParams p) {
   const EnsureState& s = p.state;
@@ -151,46 +316,9 @@ __global__ void __launch_bounds__(kPlanThreads)
   }
   __syncthreads();
   const uint32_t step = sh_step;
-  // 2: hits and malformed entries; claim the first occurrence of each page.
-  for (uint32_t i = tid; i < n; i += kPlanThreads) {
-    const int32_t l = p.selected[i];
-    if (l == -1) continue;
-    if (!ValidLogical(l, s.num_logical)) {
-      atomicAdd(s.drops, 1ull);
-      continue;
-    }
-    atomicMax(&s.claim[l], (static_cast<unsigned long long>(step) << 32) |
-                               (0xFFFFFFFFull - i));
-    const int32_t slot = s.logical_slot[l];
-    if (slot >= 0) s.slot_stamp[slot] = step;
-  }
-  __syncthreads();
-  // 3: compact the first occurrences of missing pages, in entry order.
-  uint32_t misses = 0;
-  for (uint32_t base = 0; base < n; base += kPlanThreads) {
-    const uint32_t i = base + tid;
-    int32_t l = -1;
-    bool flag = false;
-    if (i < n) {
-      l = p.selected[i];
-      flag = ValidLogical(l, s.num_logical) &&
-             s.claim[l] == ((static_cast<unsigned long long>(step) << 32) |
-                            (0xFFFFFFFFull - i)) &&
-             s.logical_slot[l] < 0;
-    }
-    uint32_t total = 0;
-    const uint32_t pos = BlockExclusiveScan(flag, warp_sums, &total);
-    if (flag) s.miss_logical[misses + pos] = l;
-    misses += total;
-  }
-  // Candidates: slots not used this step.
-  uint32_t local = 0;
-  for (uint32_t slot = tid; slot < s.num_slots; slot += kPlanThreads) {
-    if (s.slot_stamp[slot] != step) ++local;
-  }
-  atomicAdd(&sh_avail, local);
-  __syncthreads();
-  const uint32_t avail = sh_avail;
+  ClaimAndStampHits(p, tid, n, step);
+  const uint32_t misses = CompactMisses(p, tid, n, step, warp_sums);
+  const uint32_t avail = CountCandidates(s, tid, step, &sh_avail);
   uint32_t m = misses;
   if (m > avail) {
     if (tid == 0)
@@ -198,81 +326,14 @@ __global__ void __launch_bounds__(kPlanThreads)
     m = avail;
   }
   if (m > 0) {
-    // 4: radix select the m-th smallest (stamp << 32 | slot) key.
-    if (tid == 0) {
-      sh_prefix = 0;
-      sh_k = m;  // rank (1-based) still to find below the current prefix
-    }
-    __syncthreads();
-    for (int digit = 7; digit >= 0; --digit) {
-      for (uint32_t b = tid; b < 256; b += kPlanThreads) hist[b] = 0;
-      __syncthreads();
-      const unsigned long long prefix = sh_prefix;
-      const unsigned long long high_mask =
-          digit == 7 ? 0ull : (~0ull << (8 * (digit + 1)));
-      for (uint32_t slot = tid; slot < s.num_slots; slot += kPlanThreads) {
-        const uint32_t stamp = s.slot_stamp[slot];
-        if (stamp == step) continue;
-        const unsigned long long key =
-            (static_cast<unsigned long long>(stamp) << 32) | slot;
-        if ((key & high_mask) != prefix) continue;
-        atomicAdd(&hist[(key >> (8 * digit)) & 0xFF], 1u);
-      }
-      __syncthreads();
-      if (tid == 0) {
-        uint32_t k = sh_k;
-        uint32_t b = 0;
-        for (; b < 256; ++b) {
-          if (hist[b] >= k) break;
-          k -= hist[b];
-        }
-        sh_k = k;
-        sh_prefix =
-            prefix | (static_cast<unsigned long long>(b) << (8 * digit));
-      }
-      __syncthreads();
-    }
-    const unsigned long long threshold = sh_prefix;
-    // Victims in slot order into copy_slot.
-    uint32_t placed = 0;
-    for (uint32_t base = 0; base < s.num_slots; base += kPlanThreads) {
-      const uint32_t slot = base + tid;
-      bool flag = false;
-      if (slot < s.num_slots) {
-        const uint32_t stamp = s.slot_stamp[slot];
-        flag = stamp != step &&
-               ((static_cast<unsigned long long>(stamp) << 32) | slot) <=
-                   threshold;
-      }
-      uint32_t total = 0;
-      const uint32_t pos = BlockExclusiveScan(flag, warp_sums, &total);
-      if (flag) s.copy_slot[placed + pos] = slot;
-      placed += total;
-    }
-    __syncthreads();
-    // 5: rebind. Old pages are not selected this step and new ones are not
-    // resident, so no two threads write the same logical_slot entry.
-    for (uint32_t k = tid; k < m; k += kPlanThreads) {
-      const uint32_t slot = s.copy_slot[k];
-      const int32_t l = s.miss_logical[k];
-      const int32_t old = s.slot_logical[slot];
-      if (old >= 0) s.logical_slot[old] = -1;
-      s.slot_logical[slot] = l;
-      s.slot_stamp[slot] = step;
-      s.copy_row[k] = p.mirror_rows[l];
-    }
-    __syncthreads();
-    for (uint32_t k = tid; k < m; k += kPlanThreads) {
-      s.logical_slot[s.miss_logical[k]] = static_cast<int32_t>(s.copy_slot[k]);
-    }
+    const unsigned long long threshold =
+        SelectVictimThreshold(s, tid, step, m, hist, &sh_prefix, &sh_k);
+    CompactVictims(s, tid, step, threshold, warp_sums);
+    Rebind(p, tid, step, m);
   }
   if (tid == 0) *s.copy_count = m;
   __syncthreads();
-  // 6: translate.
-  for (uint32_t i = tid; i < n; i += kPlanThreads) {
-    const int32_t l = p.selected[i];
-    p.translated[i] = ValidLogical(l, s.num_logical) ? s.logical_slot[l] : -1;
-  }
+  Translate(p, tid, n);
 }
 
 __global__ void __launch_bounds__(kThreadsPerCta)

@@ -509,6 +509,42 @@ class PrefixIndex {
   // Advances the logical clock and samples the wall clock.
   void Tick();
 
+  // Commit's steps (prefix_index_commit.cc). The checks change nothing:
+  // they return Commit's errors (INVALID_ARGUMENT / FAILED_PRECONDITION
+  // naming the field) and fill the plan that the applying steps follow.
+  // REQUIRES: exclusive access (Commit's).
+  struct CommitPlan;
+  // The rank; a row per hash, fewer than kNoNode hashes, snapshots only when
+  // hybrid; `parent` (unless null) in the index with a page row of `rank`,
+  // its node then in plan.parent_id.
+  absl::Status CheckCommitArgs(uint32_t rank, const HashKey* parent,
+                               size_t hashes, size_t rows, size_t snapshots,
+                               CommitPlan& plan) const;
+  // Each row in range, allocated-uncommitted for `rank`, listed once.
+  absl::Status CheckCommitRows(uint32_t rank,
+                               absl::Span<const uint32_t> rows) const;
+  // No hash twice; those already in the index form a chain from
+  // plan.parent_id, above the new ones. Fills plan.position and plan.nodes.
+  absl::Status CheckCommitChain(absl::Span<const HashKey> hashes,
+                                CommitPlan& plan) const;
+  // Each placement's snapshot row as CheckCommitRows checks a page row; its
+  // hash placed once, among the hashes or in the index with a page row of
+  // `rank`. Fills plan.targets. REQUIRES: CheckCommitChain passed.
+  absl::Status CheckSnapshotPlacements(
+      uint32_t rank, absl::Span<const SnapshotPlacement> snapshots,
+      CommitPlan& plan) const;
+  // Commits each page row (a new node, or a rank added to a node) or frees
+  // it (the node holds the rank's row: a duplicate); plan.nodes then holds
+  // every hash's node, and the last one the current recency.
+  void LinkPages(uint32_t rank, absl::Span<const HashKey> hashes,
+                 absl::Span<const uint32_t> rows, CommitPlan& plan,
+                 CommitResult& result);
+  // Commits each snapshot row on its node, or frees it when the node holds
+  // the rank's snapshot already. REQUIRES: LinkPages ran.
+  void PlaceSnapshots(uint32_t rank,
+                      absl::Span<const SnapshotPlacement> snapshots,
+                      const CommitPlan& plan, CommitResult& result);
+
   // Immutable after construction.
   const uint32_t hash_bytes_;
   const uint32_t tokens_per_page_;

@@ -509,9 +509,8 @@ class PrefixIndex {
   // Advances the logical clock and samples the wall clock.
   void Tick();
 
-  // Commit's steps (prefix_index_commit.cc). The checks change nothing:
-  // they return Commit's errors (INVALID_ARGUMENT / FAILED_PRECONDITION
-  // naming the field) and fill the plan that the applying steps follow.
+  // Commit's steps (prefix_index_commit.cc). The checks change nothing,
+  // return Commit's errors and fill the plan the applying steps follow.
   // REQUIRES: exclusive access (Commit's).
   struct CommitPlan;
   // The rank; a row per hash, fewer than kNoNode hashes, snapshots only when
@@ -544,6 +543,28 @@ class PrefixIndex {
   void PlaceSnapshots(uint32_t rank,
                       absl::Span<const SnapshotPlacement> snapshots,
                       const CommitPlan& plan, CommitResult& result);
+
+  // CheckInvariants' families (prefix_index_check.cc), read-only: each
+  // returns INTERNAL naming the first violation. REQUIRES: `id` live.
+  struct NodeTally;
+  // Rank counts within ranks_; the key finds the node; key bytes beyond
+  // hash_bytes_ are zero.
+  absl::Status CheckNodeRecord(uint32_t id) const;
+  // Depth and sibling links against the parent's; the child list's links,
+  // and no loop in it.
+  absl::Status CheckNodeLinks(uint32_t id) const;
+  // Each rank's rows: in range, committed, held by no other node
+  // (`page_ref` / `snap_ref`: the node seen holding each row slot, updated),
+  // a page row only where the parent has one (prefix-closed coverage), a
+  // snapshot only beside a page row; the node's counts of them.
+  absl::Status CheckNodeRows(uint32_t id, absl::Span<uint32_t> page_ref,
+                             absl::Span<uint32_t> snap_ref) const;
+  // Membership of the pin set and both LRU sets, as the node's state says.
+  absl::Status CheckNodeSets(uint32_t id) const
+      ABSL_SHARED_LOCKS_REQUIRED(pin_mu_);
+  // The counters and the sets' sizes against the nodes' `tally`.
+  absl::Status CheckCounters(const NodeTally& tally) const
+      ABSL_SHARED_LOCKS_REQUIRED(pin_mu_);
 
   // Immutable after construction.
   const uint32_t hash_bytes_;

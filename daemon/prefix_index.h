@@ -520,6 +520,63 @@ class PrefixIndex {
   // Advances the logical clock and samples the wall clock.
   void Tick();
 
+  // Commit's steps (prefix_index_commit.cc). The checks change nothing,
+  // return Commit's errors and fill the plan the applying steps follow.
+  // REQUIRES: exclusive access (Commit's).
+  struct CommitPlan;
+  // The rank; a row per hash, fewer than kNoNode hashes, snapshots only when
+  // hybrid; `parent` (unless null) in the index with a page row of `rank`,
+  // its node then in plan.parent_id.
+  absl::Status CheckCommitArgs(uint32_t rank, const HashKey* parent,
+                               size_t hashes, size_t rows, size_t snapshots,
+                               CommitPlan& plan) const;
+  // Each row in range, allocated-uncommitted for `rank`, listed once.
+  absl::Status CheckCommitRows(uint32_t rank,
+                               absl::Span<const uint32_t> rows) const;
+  // No hash twice; those already in the index form a chain from
+  // plan.parent_id, above the new ones. Fills plan.position and plan.nodes.
+  absl::Status CheckCommitChain(absl::Span<const HashKey> hashes,
+                                CommitPlan& plan) const;
+  // Each placement's snapshot row as CheckCommitRows checks a page row; its
+  // hash placed once, among the hashes or in the index with a page row of
+  // `rank`. Fills plan.targets. REQUIRES: CheckCommitChain passed.
+  absl::Status CheckSnapshotPlacements(
+      uint32_t rank, absl::Span<const SnapshotPlacement> snapshots,
+      CommitPlan& plan) const;
+  // Commits each page row (a new node, or a rank added to a node) or frees
+  // it (the node holds the rank's row: a duplicate); plan.nodes then holds
+  // every hash's node, and the last one the current recency.
+  void LinkPages(uint32_t rank, absl::Span<const HashKey> hashes,
+                 absl::Span<const uint32_t> rows, CommitPlan& plan,
+                 CommitResult& result);
+  // Commits each snapshot row on its node, or frees it when the node holds
+  // the rank's snapshot already. REQUIRES: LinkPages ran.
+  void PlaceSnapshots(uint32_t rank,
+                      absl::Span<const SnapshotPlacement> snapshots,
+                      const CommitPlan& plan, CommitResult& result);
+
+  // CheckInvariants' families (prefix_index_check.cc), read-only: each
+  // returns INTERNAL naming the first violation. REQUIRES: `id` live.
+  struct NodeTally;
+  // Rank counts within ranks_; the key finds the node; key bytes beyond
+  // hash_bytes_ are zero.
+  absl::Status CheckNodeRecord(uint32_t id) const;
+  // Depth and sibling links against the parent's; the child list's links,
+  // and no loop in it.
+  absl::Status CheckNodeLinks(uint32_t id) const;
+  // Each rank's rows: in range, committed, held by no other node
+  // (`page_ref` / `snap_ref`: the node seen holding each row slot, updated),
+  // a page row only where the parent has one (prefix-closed coverage), a
+  // snapshot only beside a page row; the node's counts of them.
+  absl::Status CheckNodeRows(uint32_t id, absl::Span<uint32_t> page_ref,
+                             absl::Span<uint32_t> snap_ref) const;
+  // Membership of the pin set and both LRU sets, as the node's state says.
+  absl::Status CheckNodeSets(uint32_t id) const
+      ABSL_SHARED_LOCKS_REQUIRED(pin_mu_);
+  // The counters and the sets' sizes against the nodes' `tally`.
+  absl::Status CheckCounters(const NodeTally& tally) const
+      ABSL_SHARED_LOCKS_REQUIRED(pin_mu_);
+
   // Immutable after construction.
   const uint32_t hash_bytes_;
   const uint32_t tokens_per_page_;

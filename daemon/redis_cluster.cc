@@ -88,17 +88,18 @@ std::string FormatAddress(absl::string_view host, int port) {
                                       : absl::StrCat(host, ":", port);
 }
 
+}  // namespace
+
 // One range of CLUSTER SLOTS: its master's and replicas' addresses.
-struct SlotRange {
+struct RedisCluster::SlotRange {
   int first = 0, last = 0;
   std::string master;
   std::vector<std::string> replicas;
 };
 
-// Parses a CLUSTER SLOTS reply from the node at `host` (which stands for an
-// empty endpoint). Nodes whose endpoint is unknown ("?") are left out.
-absl::StatusOr<std::vector<SlotRange>> ParseClusterSlots(
-    const redisReply* reply, const std::string& host) {
+absl::StatusOr<std::vector<RedisCluster::SlotRange>>
+RedisCluster::ParseClusterSlots(const redisReply* reply,
+                                const std::string& host) {
   if (reply->type != REDIS_REPLY_ARRAY) {
     return absl::InternalError("CLUSTER SLOTS: not an array");
   }
@@ -113,8 +114,7 @@ absl::StatusOr<std::vector<SlotRange>> ParseClusterSlots(
     SlotRange range;
     range.first = static_cast<int>(r->element[0]->integer);
     range.last = static_cast<int>(r->element[1]->integer);
-    if (range.first < 0 || range.last >= RedisCluster::kSlots ||
-        range.first > range.last) {
+    if (range.first < 0 || range.last >= kSlots || range.first > range.last) {
       return absl::InternalError("CLUSTER SLOTS: slot out of range");
     }
     for (size_t n = 2; n < r->elements; ++n) {
@@ -139,8 +139,6 @@ absl::StatusOr<std::vector<SlotRange>> ParseClusterSlots(
   }
   return ranges;
 }
-
-}  // namespace
 
 absl::StatusOr<std::vector<std::string>> ParseRedisSeeds(
     absl::string_view list) {
@@ -323,55 +321,78 @@ std::shared_ptr<const RedisCluster::SlotMap> RedisCluster::CurrentMap(
     absl::MutexLock lock(&mu_);
     const absl::Time now = absl::Now();
     if (!RefreshDue(now)) return map_;
-    if (refreshing_) {
-      if (map_ != nullptr) return map_;  // the stale map will do meanwhile
-      if (!mu_.AwaitWithDeadline(
-              absl::Condition(this, &RedisCluster::NotRefreshing), deadline)) {
-        *error = absl::DeadlineExceededError(
-            "no redis slot map yet (another call is fetching it)");
-      } else if (map_ == nullptr) {
-        *error = refresh_error_;
-      }
-      return map_;
-    }
+    if (refreshing_) return AwaitOtherRefresh(deadline, error);
     refreshing_ = true;
     last_attempt_ = now;
     moved_pending_ = false;
     down_pending_ = false;
-    // Nodes up first: the current map's masters, then its replicas, then
-    // the seeds and every other node ever named.
-    std::vector<Node*> ordered;
-    if (map_ != nullptr) {
-      for (const SlotMap::Entry& e : map_->nodes) {
-        if (e.master) ordered.push_back(e.node);
-      }
-      for (const SlotMap::Entry& e : map_->nodes) {
-        if (!e.master) ordered.push_back(e.node);
-      }
-    }
-    for (const std::string& seed : options_.seeds) {
-      ordered.push_back(GetNodeLocked(seed));
-    }
-    for (const auto& [address, node] : nodes_) ordered.push_back(node.get());
-    std::vector<Node*> down;
-    for (Node* node : ordered) {
-      if (std::find(candidates.begin(), candidates.end(), node) !=
-              candidates.end() ||
-          std::find(down.begin(), down.end(), node) != down.end()) {
-        continue;
-      }
-      absl::MutexLock node_lock(&node->mu);
-      (node->down ? down : candidates).push_back(node);
-    }
-    candidates.insert(candidates.end(), down.begin(), down.end());
+    candidates = RefreshCandidates();
   }
 
   // Ask one node after another, without holding mu_.
+  absl::StatusOr<std::vector<SlotRange>> ranges =
+      FetchSlotRanges(candidates, deadline);
+
+  absl::MutexLock lock(&mu_);
+  refreshing_ = false;
+  if (!ranges.ok()) {
+    refresh_error_ = ranges.status();
+    if (map_ == nullptr) *error = refresh_error_;
+    return map_;
+  }
+  InstallMap(*ranges);
+  return map_;
+}
+
+std::shared_ptr<const RedisCluster::SlotMap> RedisCluster::AwaitOtherRefresh(
+    absl::Time deadline, absl::Status* error) {
+  if (map_ != nullptr) return map_;  // the stale map will do meanwhile
+  if (!mu_.AwaitWithDeadline(
+          absl::Condition(this, &RedisCluster::NotRefreshing), deadline)) {
+    *error = absl::DeadlineExceededError(
+        "no redis slot map yet (another call is fetching it)");
+  } else if (map_ == nullptr) {
+    *error = refresh_error_;
+  }
+  return map_;
+}
+
+std::vector<RedisCluster::Node*> RedisCluster::RefreshCandidates() {
+  // Nodes up first: the current map's masters, then its replicas, then
+  // the seeds and every other node ever named.
+  std::vector<Node*> ordered;
+  if (map_ != nullptr) {
+    for (const SlotMap::Entry& e : map_->nodes) {
+      if (e.master) ordered.push_back(e.node);
+    }
+    for (const SlotMap::Entry& e : map_->nodes) {
+      if (!e.master) ordered.push_back(e.node);
+    }
+  }
+  for (const std::string& seed : options_.seeds) {
+    ordered.push_back(GetNodeLocked(seed));
+  }
+  for (const auto& [address, node] : nodes_) ordered.push_back(node.get());
+  std::vector<Node*> candidates;
+  std::vector<Node*> down;
+  for (Node* node : ordered) {
+    if (std::find(candidates.begin(), candidates.end(), node) !=
+            candidates.end() ||
+        std::find(down.begin(), down.end(), node) != down.end()) {
+      continue;
+    }
+    absl::MutexLock node_lock(&node->mu);
+    (node->down ? down : candidates).push_back(node);
+  }
+  candidates.insert(candidates.end(), down.begin(), down.end());
+  return candidates;
+}
+
+absl::StatusOr<std::vector<RedisCluster::SlotRange>>
+RedisCluster::FetchSlotRanges(absl::Span<Node* const> candidates,
+                              absl::Time deadline) {
   std::vector<std::string> errors;
   absl::StatusCode code = absl::StatusCode::kUnavailable;
-  std::string answered_by;
-  absl::StatusOr<std::vector<SlotRange>> ranges =
-      absl::UnavailableError("not asked");
   for (Node* node : candidates) {
     if (absl::Now() >= deadline) {
       errors.push_back("deadline passed");
@@ -380,25 +401,8 @@ std::shared_ptr<const RedisCluster::SlotMap> RedisCluster::CurrentMap(
       }
       break;
     }
-    absl::StatusOr<Lease> lease = Acquire(node, deadline);
-    absl::StatusOr<ReplyPtr> reply =
-        lease.ok() ? RunCommand(*lease, {"CLUSTER", "SLOTS"}, deadline)
-                   : absl::StatusOr<ReplyPtr>(lease.status());
-    if (!reply.ok()) {
-      ranges = reply.status();
-    } else if ((*reply)->type == REDIS_REPLY_ERROR) {
-      // The reply's own code ("NOPERM ...") decides the status.
-      const absl::Status status = ErrorReplyStatus(
-          node->address, absl::string_view((*reply)->str, (*reply)->len));
-      ranges = absl::Status(
-          status.code(), absl::StrCat("CLUSTER SLOTS on ", status.message()));
-    } else {
-      ranges = ParseClusterSlots(reply->get(), node->host);
-    }
-    if (ranges.ok() && !ranges->empty()) {
-      answered_by = node->address;
-      break;
-    }
+    absl::StatusOr<std::vector<SlotRange>> ranges = AskSlots(node, deadline);
+    if (ranges.ok() && !ranges->empty()) return ranges;
     if (ranges.ok()) {
       errors.push_back(absl::StrCat(node->address, ": no slots assigned"));
       continue;
@@ -410,16 +414,29 @@ std::shared_ptr<const RedisCluster::SlotMap> RedisCluster::CurrentMap(
       code = c;
     }
   }
+  return absl::Status(
+      code, absl::StrCat("no redis slot map from any of ", candidates.size(),
+                         " nodes: ", absl::StrJoin(errors, "; ")));
+}
 
-  absl::MutexLock lock(&mu_);
-  refreshing_ = false;
-  if (answered_by.empty()) {
-    refresh_error_ = absl::Status(
-        code, absl::StrCat("no redis slot map from any of ", candidates.size(),
-                           " nodes: ", absl::StrJoin(errors, "; ")));
-    if (map_ == nullptr) *error = refresh_error_;
-    return map_;
+absl::StatusOr<std::vector<RedisCluster::SlotRange>> RedisCluster::AskSlots(
+    Node* node, absl::Time deadline) {
+  absl::StatusOr<Lease> lease = Acquire(node, deadline);
+  absl::StatusOr<ReplyPtr> reply =
+      lease.ok() ? RunCommand(*lease, {"CLUSTER", "SLOTS"}, deadline)
+                 : absl::StatusOr<ReplyPtr>(lease.status());
+  if (!reply.ok()) return reply.status();
+  if ((*reply)->type == REDIS_REPLY_ERROR) {
+    // The reply's own code ("NOPERM ...") decides the status.
+    const absl::Status status = ErrorReplyStatus(
+        node->address, absl::string_view((*reply)->str, (*reply)->len));
+    return absl::Status(status.code(),
+                        absl::StrCat("CLUSTER SLOTS on ", status.message()));
   }
+  return ParseClusterSlots(reply->get(), node->host);
+}
+
+void RedisCluster::InstallMap(absl::Span<const SlotRange> ranges) {
   auto map = std::make_shared<SlotMap>();
   std::map<Node*, size_t> entry_of;
   // The index in map->nodes of the node at `address`.
@@ -431,7 +448,7 @@ std::shared_ptr<const RedisCluster::SlotMap> RedisCluster::CurrentMap(
     if (master) map->nodes[it->second].master = true;
     return it->second;
   };
-  for (const SlotRange& range : *ranges) {
+  for (const SlotRange& range : ranges) {
     if (range.master.empty()) continue;
     SlotMap::Entry& master = map->nodes[entry(range.master, true)];
     master.slots += static_cast<uint32_t>(range.last - range.first + 1);
@@ -444,7 +461,6 @@ std::shared_ptr<const RedisCluster::SlotMap> RedisCluster::CurrentMap(
   map_ = std::move(map);
   refresh_error_ = absl::OkStatus();
   ++refreshes_;
-  return map_;
 }
 
 }  // namespace kvtier::daemon

@@ -298,6 +298,43 @@ class RedisCluster {
     return !refreshing_;
   }
 
+  // CurrentMap's steps (redis_cluster.cc), for the caller that refreshes
+  // unless said otherwise.
+  struct SlotRange;  // One range of a CLUSTER SLOTS reply.
+  // For a caller that finds another refreshing: the stale map when there
+  // is one; else waits (mu_ released meanwhile) until that refresh ends or
+  // `deadline` passes, then returns the map it made, or null with *error
+  // set (DEADLINE_EXCEEDED, or that refresh's error).
+  std::shared_ptr<const SlotMap> AwaitOtherRefresh(absl::Time deadline,
+                                                   absl::Status* error)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The nodes to ask, each once, those up before those down; in each part,
+  // the current map's masters, then its replicas, then the seeds and every
+  // other node ever named.
+  std::vector<Node*> RefreshCandidates() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Asks `candidates` one after another (AskSlots) until one names at least
+  // one range, and returns those. Stops at `deadline`. Otherwise "no redis
+  // slot map from any of N nodes: " and every node's error, with the code
+  // UNAUTHENTICATED / PERMISSION_DENIED when a node refused (the last),
+  // else DEADLINE_EXCEEDED when the deadline cut the list short, else
+  // UNAVAILABLE.
+  absl::StatusOr<std::vector<SlotRange>> FetchSlotRanges(
+      absl::Span<Node* const> candidates, absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // One CLUSTER SLOTS on `node`: its ranges (maybe none), or why not (the
+  // connection's status, or the error reply's, "CLUSTER SLOTS on " it).
+  absl::StatusOr<std::vector<SlotRange>> AskSlots(Node* node,
+                                                  absl::Time deadline)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Parses a CLUSTER SLOTS reply from the node at `host` (which stands for
+  // an empty endpoint). Nodes whose endpoint is unknown ("?") are left out.
+  static absl::StatusOr<std::vector<SlotRange>> ParseClusterSlots(
+      const redisReply* reply, const std::string& host);
+  // Makes the map of `ranges` (naming their nodes) the current one, clears
+  // refresh_error_ and counts the refresh.
+  void InstallMap(absl::Span<const SlotRange> ranges)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Pipelines (redis_cluster_pipeline.cc): runs every request, following
   // one redirection each; leaves each request with a reply or a status.
   // Bulk strings go to `arena` (null: into their replies); one over

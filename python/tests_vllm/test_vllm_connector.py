@@ -10,6 +10,7 @@ fault corrupts one loaded block); a daemon that is down or dies never
 stops vLLM from serving.
 """
 
+import concurrent.futures
 import json
 import os
 import shutil
@@ -41,10 +42,33 @@ def only_ns(socket, model):
             and n["layout"]["model"].startswith(model + "@")]
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen3_next", "qwen3_next_8", "gemma3"])
-def test_restarted_engine_is_served_bit_identical(arch, daemon, run_engine,
+# Two shapes at a time: each runs in a thread of its own, which only starts
+# engine processes and waits for them, so one shape's engine starts (mostly
+# one core of Python) overlap the other's prefills. Each shape has its own
+# model, namespaces and files.
+SHAPE_PAIRS = [("llama", "qwen3_next_8"), ("qwen3_next", "gemma3")]
+
+
+@pytest.mark.parametrize("archs", SHAPE_PAIRS, ids="+".join)
+def test_restarted_engine_is_served_bit_identical(archs, daemon, run_engine,
                                                   start_engine, tmp_path, capsys):
-    model = make_model(arch)
+    # The models first, in this thread: make_model seeds torch's global RNG.
+    models = [make_model(arch) for arch in archs]
+    with concurrent.futures.ThreadPoolExecutor(len(archs)) as pool:
+        runs = [pool.submit(restart_checks, arch, model, daemon, run_engine,
+                            start_engine, tmp_path / arch)
+                for arch, model in zip(archs, models)]
+        hits = [r.result() for r in runs]  # Raises what a shape's check raised.
+    with capsys.disabled():  # the hits side by side, in the test's output
+        for line in hits:
+            print(line)
+
+
+def restart_checks(arch, model, daemon, run_engine, start_engine, tmp_path):
+    """One shape's restart, tenant, abort, corrupt-load and changed-config
+    checks on `model` (a folder make_model made); returns the line comparing
+    its hits with vLLM's own cache."""
+    tmp_path.mkdir()
     # Process 1: serves the prompt, then again from vLLM's own prefix cache.
     first, second = run_engine(script(arch, model, daemon.socket, [gen(), gen()]))
     assert first["num_cached_tokens"] == 0
@@ -81,10 +105,9 @@ def test_restarted_engine_is_served_bit_identical(arch, daemon, run_engine,
                  if n["name"] == "tb." + ns[0]["name"]]
     open(checked, "w").close()
     restored, salted, _, _, _ = e.results()
-    with capsys.disabled():  # the hits side by side, in the test's output
-        print(f"\n{arch}: vLLM's own prefix cache hit "
-              f"{second['num_cached_tokens']} tokens, kvtier after a restart "
-              f"{restored['num_cached_tokens']} of the 1,100-token prompt")
+    hits = (f"\n{arch}: vLLM's own prefix cache hit "
+            f"{second['num_cached_tokens']} tokens, kvtier after a restart "
+            f"{restored['num_cached_tokens']} of the 1,100-token prompt")
     assert restored["num_cached_tokens"] >= FULL_BLOCK_TOKENS
     assert restored["num_cached_tokens"] <= second["num_cached_tokens"]
     assert restored["token_ids"] == second["token_ids"]
@@ -119,6 +142,7 @@ def test_restarted_engine_is_served_bit_identical(arch, daemon, run_engine,
     (changed,) = e4.results()
     assert changed["num_cached_tokens"] == 0
     assert len(only_ns(daemon.socket, model)) == 2
+    return hits
 
 
 def test_concurrent_engines_share_the_tier(daemon, start_engine, tmp_path):

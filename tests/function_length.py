@@ -11,9 +11,9 @@ python/tests*/ folders. CUDA files (.cu, .cuh) are read as C++.
 Lengths are lizard's (PyPI, python/requirements.txt): a function's lines
 from its signature to its closing brace, comments and blank lines included.
 
-Usage: function_length.py SOURCE_DIR [--max 120]
-Prints every function over the limit (file:line name length) and exits 1
-if there is one; exits 0 otherwise, saying how many functions it read.
+ctest runs it as a pytest test (python/run_tests.sh, the project venv).
+By hand: function_length.py SOURCE_DIR [--max 120] prints every function
+over the limit (file:line name length) and exits 1 if there is one.
 """
 import argparse
 import os
@@ -55,26 +55,46 @@ def functions(root, path):
         yield fn
 
 
+def too_long(root, most):
+    """(functions read, [(path, line, name, length) over `most`], longest
+    first)."""
+    long, seen = [], 0
+    for path in product_files(root):
+        for fn in functions(root, path):
+            seen += 1
+            if fn.length > most:
+                long.append((path, fn.start_line, fn.long_name, fn.length))
+    return seen, sorted(long, key=lambda x: -x[3])
+
+
+def report(long, seen, most):
+    lines = [f"{path}:{line}: {name} is {length} lines (most: {most})"
+             for path, line, name, length in long]
+    if long:
+        lines.append(f"function_length: {len(long)} of {seen} functions are "
+                     f"longer than {most} lines: split them along their "
+                     f"steps (docs/design.md, House style)")
+    else:
+        lines.append(f"function_length: {seen} functions, none over {most} "
+                     f"lines")
+    return "\n".join(lines)
+
+
+def test_no_product_function_is_over_120_lines():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    seen, long = too_long(root, 120)
+    assert seen > 1000, f"read only {seen} functions under {root}"
+    assert not long, report(long, seen, 120)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root")
     parser.add_argument("--max", type=int, default=120)
     args = parser.parse_args()
-    long, seen = [], 0
-    for path in product_files(args.root):
-        for fn in functions(args.root, path):
-            seen += 1
-            if fn.length > args.max:
-                long.append((path, fn.start_line, fn.long_name, fn.length))
-    for path, line, name, length in sorted(long, key=lambda x: -x[3]):
-        print(f"{path}:{line}: {name} is {length} lines (most: {args.max})")
-    if long:
-        print(f"function_length: {len(long)} of {seen} functions are longer "
-              f"than {args.max} lines: split them along their steps "
-              f"(docs/design.md, House style)")
-        return 1
-    print(f"function_length: {seen} functions, none over {args.max} lines")
-    return 0
+    seen, long = too_long(args.root, args.max)
+    print(report(long, seen, args.max))
+    return 1 if long else 0
 
 
 if __name__ == "__main__":

@@ -2,16 +2,15 @@
 // introspection and drop requests meet them: under a --namespace_acl, a
 // session sees, lists and drops only the namespaces it may attach to;
 // operators, everything.
-#include <stdlib.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "daemon/tier_core.h"
+#include "daemon/tier_core_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -34,29 +33,21 @@ v1::Layout SmallLayout() {
   return l;
 }
 
-class TierAccessTest : public ::testing::Test {
+class TierAccessTest : public TierCoreTest {
  protected:
-  void SetUp() override {
-    char tmpl[] = "/dev/shm/kvtier-access-test-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    TierOptions o;
-    o.segments.shm_dir = dir_;
-    o.segments.huge_pages = shm::HugePagePolicy::kOff;
-    o.default_namespace_bytes = 1 << 16;
+  void Configure(TierOptions* o) override {
+    o->default_namespace_bytes = 1 << 16;
     auto acl = NamespaceAcl::Parse("team_*=uid:1001");
     ASSERT_TRUE(acl.ok()) << acl.status();
-    o.namespace_acl = *acl;
-    core_ = std::make_unique<TierCore>(o);
+    o->namespace_acl = *acl;
+  }
+  void SetUp() override {
+    TierCoreTest::SetUp();
     v1::Capacity capacity;
     capacity.set_page_rows(8);
     for (const char* name : {"open", "team_a"}) {
       ASSERT_TRUE(core_->CreateNamespace(name, SmallLayout(), capacity).ok());
     }
-  }
-  void TearDown() override {
-    core_.reset();
-    std::filesystem::remove_all(dir_);
   }
 
   // A session, its peer credentials bound to `uid` (none: unbound).
@@ -90,9 +81,6 @@ class TierAccessTest : public ::testing::Test {
   }
 
   static Caller Engine(uint64_t session) { return Caller{false, session}; }
-
-  std::string dir_;
-  std::unique_ptr<TierCore> core_;
 };
 
 TEST_F(TierAccessTest, OperatorsSeeEveryNamespace) {

@@ -580,17 +580,12 @@ class TierCoreIsolationTest : public TierCoreTest {
  protected:
   static constexpr uint64_t kNamespaceBytes = 64 * (1024 + 112);
 
-  void SetUp() override {
-    TierCoreTest::SetUp();
-    TierOptions o;
-    o.segments.shm_dir = dir_;
-    o.segments.huge_pages = shm::HugePagePolicy::kOff;
-    o.require_peer_credentials = true;
+  void Configure(TierOptions* o) override {
+    o->require_peer_credentials = true;
     auto acl = NamespaceAcl::Parse("team=uid:1001+gid:3000;lab.*=uid:1003");
     ASSERT_TRUE(acl.ok()) << acl.status();
-    o.namespace_acl = *acl;
-    o.uid_budget_bytes = 2 * kNamespaceBytes;
-    core_ = std::make_unique<TierCore>(o);
+    o->namespace_acl = *acl;
+    o->uid_budget_bytes = 2 * kNamespaceBytes;
   }
 
   // A session whose peer is uid/gid (+ supplementary groups), bound.

@@ -164,14 +164,13 @@ TEST_F(TierLookupTest, LeasedPrefixesSurviveConcurrentEviction) {
   EXPECT_TRUE(core_->CheckInvariants().ok());
 }
 
-TEST_F(TierLookupTest, LeaseCapHoldsAgainstConcurrentPins) {
-  TierOptions o;
-  o.segments.shm_dir = dir_;
-  o.segments.huge_pages = shm::HugePagePolicy::kOff;
-  o.default_namespace_bytes = 1 << 20;
-  o.namespace_budget_bytes = 64 << 20;
-  o.max_session_leases = 5;
-  core_ = std::make_unique<TierCore>(o);
+// A core whose sessions may hold at most 5 leases per namespace.
+class TierLookupCapTest : public TierLookupTest {
+ protected:
+  void Configure(TierOptions* o) override { o->max_session_leases = 5; }
+};
+
+TEST_F(TierLookupCapTest, LeaseCapHoldsAgainstConcurrentPins) {
   const uint64_t s = Open();
   v1::AttachResponse a = Attach(s, "cap", AttentionLayout(), 0, 64);
   const std::string hashes = RandomHashes(4, 32, 7);

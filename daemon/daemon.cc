@@ -47,6 +47,11 @@ absl::Status Configuration(absl::Status s) {
   return s;
 }
 
+// `s` with its message after `prefix` (the flag or step it came from).
+absl::Status Prefixed(absl::string_view prefix, const absl::Status& s) {
+  return absl::Status(s.code(), absl::StrCat(prefix, s.message()));
+}
+
 // Makes the folder of socket `path` (named `what` in errors) trusted,
 // removes a stale socket there and returns where to bind it: out of reach
 // until StagedSocket::Publish gives it its group and mode.
@@ -169,9 +174,7 @@ absl::Status Daemon::StartAttachments() {
   if (options_.device_pool.bytes_per_gpu > 0) {
     auto pool = DevicePool::Create(options_.device_pool);
     if (!pool.ok()) {
-      return Configuration(absl::Status(
-          pool.status().code(),
-          absl::StrCat("--device_pool_bytes: ", pool.status().message())));
+      return Configuration(Prefixed("--device_pool_bytes: ", pool.status()));
     }
     device_pool_ = *std::move(pool);
     for (const DevicePoolExport& e : device_pool_->exports()) {
@@ -184,9 +187,7 @@ absl::Status Daemon::StartAttachments() {
   if (!options_.kv_events.endpoint.empty()) {
     auto pub = KvEventPublisher::Start(options_.kv_events);
     if (!pub.ok()) {
-      return Configuration(absl::Status(
-          pub.status().code(),
-          absl::StrCat("--kv_events_endpoint: ", pub.status().message())));
+      return Configuration(Prefixed("--kv_events_endpoint: ", pub.status()));
     }
     kv_events_ = *std::move(pub);
     SPDLOG_INFO("KV events on {}{}{}", kv_events_->endpoint(),
@@ -229,8 +230,7 @@ absl::Status Daemon::StartCore() {
     if (absl::Status s =
             core_->CreateNamespace(options_.demo_namespace, DemoLayout(), {});
         !s.ok()) {
-      return absl::Status(s.code(),
-                          absl::StrCat("--demo_namespace: ", s.message()));
+      return Prefixed("--demo_namespace: ", s);
     }
   }
   return absl::OkStatus();

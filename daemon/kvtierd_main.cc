@@ -7,6 +7,7 @@
 // setting, 1 when the daemon cannot start.
 #include <signal.h>
 
+#include <string>
 #include <thread>
 
 #include "absl/flags/parse.h"
@@ -52,7 +53,9 @@ int Main(int argc, char** argv) {
 
   absl::StatusOr<std::unique_ptr<Daemon>> daemon = Daemon::Start(*options);
   if (!daemon.ok()) {
-    SPDLOG_CRITICAL("{}", daemon.status().ToString());
+    // Code and message; not the payload that marks a configuration error.
+    SPDLOG_CRITICAL("{}: {}", absl::StatusCodeToString(daemon.status().code()),
+                    std::string(daemon.status().message()));
     return Daemon::IsConfigurationError(daemon.status()) ? 2 : 1;
   }
   std::thread waiter([&] {
